@@ -1,0 +1,1 @@
+"""Prefect flows, deployments and the `copc` CLI: the only layer importing prefect."""

@@ -1,0 +1,1 @@
+"""Side effects: Ray actors and placement, MLflow tracking, checkpoints, settings, the local stack."""

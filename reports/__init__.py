@@ -1,0 +1,1 @@
+"""Reports: pandas frames from MLflow runs, plotly figures, coupling/stability analysis, HTML."""

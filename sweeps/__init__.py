@@ -1,0 +1,1 @@
+"""Optuna: search spaces as data, study creation/loading, objectives from run summaries."""

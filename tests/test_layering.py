@@ -1,0 +1,72 @@
+"""The import arrows of docs/DESIGN.md, checked statically (AST) and at run time."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HEAVY = {"ray", "prefect", "optuna", "optuna_integration", "mlflow", "pandas", "plotly"}
+# which top-level modules each layer may not import
+FORBIDDEN = {
+    "copc_core": HEAVY | {"infra", "sweeps", "reports", "flows"},
+    "infra": {"prefect", "sweeps", "reports", "flows", "optuna"},
+    "reports": {"torch", "prefect", "flows", "sweeps", "ray"},
+    "sweeps": {"prefect", "flows", "reports"},
+}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_layers_import_only_downwards():
+    offences = []
+    for layer, banned in FORBIDDEN.items():
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            bad = imported_modules(path) & banned
+            if bad:
+                offences.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not offences, "\n".join(offences)
+
+
+def test_importing_copc_core_loads_no_heavy_framework():
+    code = (
+        "import sys, importlib, pkgutil, copc_core\n"
+        "for m in pkgutil.walk_packages(copc_core.__path__, 'copc_core.'):\n"
+        "    importlib.import_module(m.name)\n"
+        f"print(sorted(set(sys.modules) & set({sorted(HEAVY)!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_no_method_name_branches_outside_the_registry():
+    """One registry: nobody outside copc_core/methods.py asks which method is running."""
+    offences = []
+    for layer in ("copc_core", "infra", "sweeps", "reports", "flows"):
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if path.name == "methods.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare):
+                    text = ast.unparse(node)
+                    if ("method" in text or ".name" in text) and any(
+                        isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in _method_names()
+                        for c in node.comparators + [node.left]
+                    ):
+                        offences.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
+    assert not offences, "\n".join(offences)
+
+
+def _method_names():
+    from copc_core.methods import METHODS
+
+    return set(METHODS)
