@@ -7,6 +7,8 @@ it into a `MethodSpec` (copc_core.methods). Sweep overrides build a new config w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any, Literal, TypeVar
 
@@ -58,6 +60,116 @@ class MethodConfig(BaseModel):
         tp = self.tau_policy if self.tau_policy is not None else row.default_tau_policy
         ta = self.tau_advantage if self.tau_advantage is not None else row.default_tau_advantage
         return tp, ta
+
+
+class ModelConfig(BaseModel):
+    """The built-in tiny GPT (policy + value head, or a separate critic trunk)."""
+
+    model_config = FROZEN
+
+    n_layer: int = Field(2, ge=1, le=12)
+    n_head: int = Field(4, ge=1)
+    n_embd: int = Field(64, ge=8)
+    separate_critic: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        return self
+
+
+class TaskConfig(BaseModel):
+    """The tool-math task: `a+b*c=` with the given operand digit counts and operators."""
+
+    model_config = FROZEN
+
+    name: Literal["tool_math"] = "tool_math"
+    operand_digits: tuple[int, ...] = (2, 2, 1)
+    ops: str = "+*"
+    max_tool_calls: int = Field(3, ge=0, le=8)
+    max_response_tokens: int = Field(32, ge=4, le=256)
+    n_eval: int = Field(256, ge=8)
+    eval_seed: int = 12345
+    format_reward: float = Field(0.0, ge=0.0, le=0.5)
+
+    @model_validator(mode="after")
+    def _shape(self) -> TaskConfig:
+        if not self.operand_digits or any(not 1 <= d <= 4 for d in self.operand_digits):
+            raise ValueError(f"operand_digits must be 1..4 digits each, got {self.operand_digits}")
+        if len(self.ops) != len(self.operand_digits) - 1 or any(c not in "+-*" for c in self.ops):
+            raise ValueError(f"ops must hold one of + - * between each pair of operands, got {self.ops!r}")
+        return self
+
+
+class WarmStartConfig(BaseModel):
+    """SFT on synthetic demonstrations that are right only part of the time."""
+
+    model_config = FROZEN
+
+    steps: int = Field(400, ge=0)
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(3e-3, gt=0.0)
+    frac_correct: float = Field(0.45, ge=0.0, le=1.0)
+    frac_wrong_order: float = Field(0.25, ge=0.0, le=1.0)  # the rest are direct guesses
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _fractions(self) -> WarmStartConfig:
+        if self.frac_correct + self.frac_wrong_order > 1.0 + 1e-9:
+            raise ValueError("frac_correct + frac_wrong_order must be <= 1")
+        return self
+
+
+class TrainConfig(BaseModel):
+    """PPO with controlled staleness k (the batch of step v is sampled with version max(0, v − k))."""
+
+    model_config = FROZEN
+
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(128, ge=1)
+    minibatches: int = Field(4, ge=1)
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(3e-4, gt=0.0, lt=1.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    value_coef: float = Field(0.5, ge=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0)
+    temperature: float = Field(1.0, gt=0.0)
+    staleness: int = Field(0, ge=0, le=1024)
+    eval_every: int = Field(10, ge=1)
+    seed: int = 0
+    torch_threads: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TrainConfig:
+        if self.batch_size % self.minibatches:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by minibatches ({self.minibatches})")
+        return self
+
+
+class RunConfig(BaseModel):
+    """One training run: validated once, passed down unchanged (to actors, learner, MLflow)."""
+
+    model_config = FROZEN
+
+    method: MethodConfig = MethodConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _method_fits_schedule(self) -> RunConfig:
+        if self.method.spec().on_policy and self.train.staleness > 0:
+            raise ValueError(f"method {self.method.name!r} is on-policy: staleness must be 0, got {self.train.staleness}")
+        return self
+
+    def config_hash(self, *sections: str) -> str:
+        """sha256 (16 hex) of the canonical JSON of the given sections (all when none)."""
+        data = self.model_dump(mode="json")
+        if sections:
+            data = {k: data[k] for k in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 M = TypeVar("M", bound=BaseModel)

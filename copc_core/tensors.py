@@ -31,3 +31,7 @@ def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of x over mask (0 for an empty mask). Shapes: x, mask [...] → scalar."""
     return masked_sum(x, mask) / mask.sum().clamp(min=1)
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN/inf where the learner needs finite numbers (batch inputs, losses, gradients)."""

@@ -1,17 +1,115 @@
-"""The `copc` command line."""
+"""The `copc` command line: `copc train`, `copc methods`, `copc sweep`."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+import sys
+from typing import Optional
+
 import typer
+from pydantic import ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
 
 _NOT_BUILT = """\
 The embedded sweep is not built yet. What exists today:
-  - copc_core math: advantages (GAE, COPC traces, V-trace), policy corrections, losses,
-    diagnostics and the method registry (python -m bench.advantages benchmarks them)
-Still to come (see the open issues): the training engine (copc train), the Ray runtime,
-MLflow/Optuna/Prefect sweeps (copc sweep), HTML reports (copc report)."""
+  - copc train: one COPC (or baseline) run on the embedded tool-math task, with progress,
+    checkpoints and resume (try: copc train --method copc --staleness 16)
+  - copc_core math and the method registry (copc methods; python -m bench.advantages)
+Still to come (see the open issues): the Ray runtime, MLflow/Optuna/Prefect sweeps
+(copc sweep), HTML reports (copc report)."""
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _validation_message(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "config"
+        lines.append(f"{where}: {e['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, object]):
+    """A RunConfig from an optional JSON file plus CLI overrides (dotted paths), validated once."""
+    from copc_core.config import RunConfig, with_overrides
+
+    base = RunConfig()
+    if config_file is not None:
+        try:
+            base = RunConfig.model_validate_json(config_file.read_text())
+        except OSError as err:
+            _fail(f"cannot read {config_file}: {err}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return with_overrides(base, given)
+    except ValidationError as err:
+        _fail(_validation_message(err))
+    except (KeyError, ValueError) as err:
+        _fail(str(err))
+
+
+@app.command()
+def train(
+    method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)"),
+    staleness: Optional[int] = typer.Option(None, help="controlled lag k in optimizer steps (0 = synchronous)"),
+    tau_policy: Optional[float] = typer.Option(None, help="policy mask band τ_p ≥ 1 (inf: no mask)"),
+    tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1"),
+    seed: Optional[int] = typer.Option(None, help="training seed"),
+    steps: Optional[int] = typer.Option(None, help="learner steps"),
+    batch_size: Optional[int] = typer.Option(None, help="episodes per learner step"),
+    lr: Optional[float] = typer.Option(None, help="learning rate"),
+    eval_every: Optional[int] = typer.Option(None, help="evaluate every N steps"),
+    config: Optional[pathlib.Path] = typer.Option(None, help="a RunConfig JSON file (flags override it)"),
+    run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
+    resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
+) -> None:
+    """Train one run on the embedded default (tiny GPT, tool-math task) in this process."""
+    cfg = build_run_config(config, {
+        "method.name": method, "train.staleness": staleness, "method.tau_policy": tau_policy,
+        "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
+        "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
+    })
+    from tqdm import tqdm
+
+    from infra.local_run import train_in_process
+    from infra.settings import data_dir
+
+    root = data_dir()
+    run_dir = run_dir or root / "runs" / cfg.config_hash()
+    typer.echo(f"run {cfg.config_hash()} · method {cfg.method.name} · k = {cfg.train.staleness} · {run_dir}")
+    warm_bar = None
+
+    def on_warm(step: int, total: int, loss: float) -> None:
+        nonlocal warm_bar
+        if warm_bar is None:
+            warm_bar = tqdm(total=total, desc="warm start (SFT)", unit="step", file=sys.stderr)
+        warm_bar.update(1)
+        warm_bar.set_postfix(loss=f"{loss:.3f}")
+        if step == total:
+            warm_bar.close()
+
+    bar = None
+
+    def on_step(trainer, metrics: dict[str, float]) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=cfg.train.steps, initial=trainer.step - 1, desc="RL", unit="step", file=sys.stderr)
+        bar.update(1)
+        last = trainer.evals[-1]
+        bar.set_postfix(acc=f"{last['eval/accuracy']:.2f}", reward=f"{metrics['reward/mean']:.2f}",
+                        ess=f"{metrics['correction/ess']:.2f}")
+
+    summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step, on_warm_start=on_warm)
+    if bar is not None:
+        bar.close()
+    typer.echo(json.dumps(summary.model_dump(), indent=2))
+    typer.echo(f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
+               f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}")
 
 
 @app.command()

@@ -1,0 +1,167 @@
+"""A tiny GPT actor–critic, written to be read (after nanoGPT's model.py).
+
+One transformer trunk; a language-model head gives the policy, a scalar head gives V(s_t). With
+`separate_critic` the value comes from a second trunk of the same size instead (no shared
+features). A KV cache makes sampling cost O(T) per token instead of O(T²).
+
+Candid shortcuts: no dropout, learned absolute positions, no weight tying, no flash attention
+(sequences are ~50 tokens; plain softmax attention is the fastest thing on a CPU at that size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    vocab_size: int
+    block_size: int  # longest prompt + response
+    n_layer: int
+    n_head: int
+    n_embd: int
+    separate_critic: bool = False
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        assert shape.n_embd % shape.n_head == 0
+        self.n_head = shape.n_head
+        self.qkv = nn.Linear(shape.n_embd, 3 * shape.n_embd)
+        self.proj = nn.Linear(shape.n_embd, shape.n_embd)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        B, T, C = x.shape
+        hd = C // self.n_head
+        q, k, v = self.qkv(x).split(C, dim=2)  # each [B, T, C]
+        q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
+        else:
+            k, v = cache.append(layer, k, v)  # [B, H, pos + T, hd]
+            # new queries see every cached position and the causal part of themselves
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(T))
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(shape.n_embd)
+        self.attn = CausalSelfAttention(shape)
+        self.ln2 = nn.LayerNorm(shape.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(shape.n_embd, 4 * shape.n_embd), nn.GELU(),
+                                 nn.Linear(4 * shape.n_embd, shape.n_embd))
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        x = x + self.attn(self.ln1(x), cache, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+class Trunk(nn.Module):
+    """Token + position embeddings, n_layer blocks, a final LayerNorm: features [B, T, C]."""
+
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.tok = nn.Embedding(shape.vocab_size, shape.n_embd)
+        self.pos = nn.Embedding(shape.block_size, shape.n_embd)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.ln_f = nn.LayerNorm(shape.n_embd)
+
+    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
+        B, T = idx.shape
+        start = 0 if cache is None else cache.length
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.tok(idx) + self.pos(pos)  # [B, T, C]
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        return self.ln_f(x)
+
+
+class TinyGPT(nn.Module):
+    """Policy logits and values from token ids.
+
+    forward(idx [B, T]) → (logits [B, T, V], values [B, T]) where position t's outputs describe
+    the state after reading idx[:, :t+1]: logits for the next token, V of that state.
+    """
+
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.shape = shape
+        self.trunk = Trunk(shape)
+        self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
+        self.critic_trunk = Trunk(shape) if shape.separate_critic else None
+        self.value_head = nn.Linear(shape.n_embd, 1)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        if idx.shape[1] > self.shape.block_size:
+            raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds block_size {self.shape.block_size}")
+        h = self.trunk(idx)  # [B, T, C]
+        critic_h = h if self.critic_trunk is None else self.critic_trunk(idx)
+        return self.lm_head(h), self.value_head(critic_h).squeeze(-1)
+
+    def policy_step(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """Next-token logits [B, V] after appending idx [B, T] to the cached prefix (policy only)."""
+        h = self.trunk(idx, cache)
+        return self.lm_head(h[:, -1])
+
+    def new_cache(self, batch: int) -> KVCache:
+        s = self.shape
+        p = next(self.parameters())
+        return KVCache(s.n_layer, batch, s.n_head, s.block_size, s.n_embd // s.n_head, p.dtype, p.device)
+
+
+class KVCache:
+    """Preallocated keys/values of every layer: [n_layer, B, H, block_size, hd] each."""
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, block: int, head_dim: int, dtype, device):
+        self.k = torch.zeros(n_layer, batch, n_head, block, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+        self.block = block
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        T = k.shape[2]
+        if self.length + T > self.block:
+            raise ValueError(f"KV cache full: {self.length} + {T} > {self.block}")
+        self.k[layer, :, :, self.length : self.length + T] = k
+        self.v[layer, :, :, self.length : self.length + T] = v
+        end = self.length + T
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def mask(self, T: int) -> Tensor:
+        """Boolean [T, length + T]: query i sees keys ≤ length + i."""
+        keys = torch.arange(self.length + T, device=self.k.device)
+        queries = torch.arange(self.length, self.length + T, device=self.k.device)
+        return keys[None, :] <= queries[:, None]
+
+    def advance(self, T: int) -> None:
+        self.length += T
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

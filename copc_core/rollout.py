@@ -1,0 +1,217 @@
+"""Rollouts: the `TrajectoryBatch` record and the batched torch sampler with the tool environment.
+
+The sampler is the embedded rollout engine: a KV-cached loop over response positions for the
+whole batch at once. At each position a sequence either samples a policy token (mask 1, its
+log-probability recorded as `logp_behavior` with the policy version) or receives the next queued
+environment token (tool output, mask 0). The Ray runtime wraps `TorchSampler` in actors; the
+vLLM engine implements the same `sample` signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from copc_core.models import TinyGPT
+from copc_core.tensors import NonFiniteError
+from copc_core.tasks import (
+    ANSWER_END_ID,
+    CALL_CLOSE,
+    CALL_OPEN,
+    ERROR,
+    PAD_ID,
+    RESULT_END,
+    VOCAB,
+    Problem,
+    calculator,
+    count_tool_calls,
+    encode,
+    reward,
+)
+
+
+@dataclass
+class TrajectoryBatch:
+    """A batch of sampled episodes, response-only layout [B, T] after a shared prompt length P."""
+
+    prompt_ids: Tensor  # [B, P] long
+    response_ids: Tensor  # [B, T] long (PAD after the end)
+    mask: Tensor  # [B, T] float: 1 = policy token, 0 = environment token or padding
+    logp_behavior: Tensor  # [B, T] float: log μ(y_t) at policy tokens, 0 elsewhere
+    version: Tensor  # [B, T] long: policy version that sampled each token
+    rewards: Tensor  # [B, T] float: outcome reward on the last policy token
+    problems: list[Problem]
+    responses: list[str]
+    truncated: Tensor  # [B] bool: hit max_response_tokens without an answer
+
+    @property
+    def size(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def validate(self) -> None:
+        """Shapes agree and every float field is finite (the learner relies on it)."""
+        B, T = self.response_ids.shape
+        for name in ("mask", "logp_behavior", "version", "rewards"):
+            if getattr(self, name).shape != (B, T):
+                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {(B, T)}")
+        for name in ("logp_behavior", "rewards"):
+            if not torch.isfinite(getattr(self, name)).all():
+                raise NonFiniteBatchError(f"non-finite values in {name}")
+
+    def select(self, index: Tensor) -> TrajectoryBatch:
+        idx = index.tolist()
+        return TrajectoryBatch(self.prompt_ids[index], self.response_ids[index], self.mask[index],
+                               self.logp_behavior[index], self.version[index], self.rewards[index],
+                               [self.problems[i] for i in idx], [self.responses[i] for i in idx],
+                               self.truncated[index])
+
+    @staticmethod
+    def concat(batches: list[TrajectoryBatch]) -> TrajectoryBatch:
+        T = max(b.response_ids.shape[1] for b in batches)
+
+        def pad(x: Tensor, value) -> Tensor:
+            return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
+
+        return TrajectoryBatch(
+            torch.cat([b.prompt_ids for b in batches]),
+            torch.cat([pad(b.response_ids, PAD_ID) for b in batches]),
+            torch.cat([pad(b.mask, 0.0) for b in batches]),
+            torch.cat([pad(b.logp_behavior, 0.0) for b in batches]),
+            torch.cat([pad(b.version, -1) for b in batches]),
+            torch.cat([pad(b.rewards, 0.0) for b in batches]),
+            [p for b in batches for p in b.problems],
+            [r for b in batches for r in b.responses],
+            torch.cat([b.truncated for b in batches]),
+        )
+
+
+class NonFiniteBatchError(NonFiniteError):
+    """A rollout produced NaN/inf log-probabilities or rewards."""
+
+
+class RolloutEngine(Protocol):
+    def sample(self, problems: list[Problem], version: int, generator: torch.Generator, greedy: bool = False
+               ) -> TrajectoryBatch: ...
+
+    def load_weights(self, state: dict[str, Tensor], version: int) -> None: ...
+
+
+class ToolEpisodes:
+    """Per-sequence environment state: call spans, tool-call budget, queued tool output."""
+
+    def __init__(self, n: int, max_tool_calls: int):
+        self.text = [[] for _ in range(n)]
+        self.queue: list[list[int]] = [[] for _ in range(n)]
+        self.max_tool_calls = max_tool_calls
+        self.calls = [0] * n
+
+    def on_policy_token(self, i: int, ch: str) -> None:
+        self.text[i].append(ch)
+        if ch != CALL_CLOSE:
+            return
+        body = "".join(self.text[i])
+        start = body.rfind(CALL_OPEN)
+        self.calls[i] += 1
+        if start < 0 or body.rfind(RESULT_END) > start or self.calls[i] > self.max_tool_calls:
+            result = ERROR
+        else:
+            result = calculator(body[start + 1 : -1])
+        self.queue[i] = encode(result + RESULT_END)
+
+    def on_env_token(self, i: int, ch: str) -> None:
+        self.text[i].append(ch)
+
+
+class TorchSampler:
+    """The embedded rollout engine: `TinyGPT` + KV cache + tool environment, on CPU."""
+
+    def __init__(self, model: TinyGPT, max_response_tokens: int, max_tool_calls: int, temperature: float,
+                 format_reward: float):
+        self.model = model
+        self.max_response_tokens = max_response_tokens
+        self.max_tool_calls = max_tool_calls
+        self.temperature = temperature
+        self.format_reward = format_reward
+        self.version = 0
+
+    def load_weights(self, state: dict[str, Tensor], version: int) -> None:
+        self.model.load_state_dict(state)
+        self.version = version
+
+    @torch.no_grad()
+    def sample(self, problems: list[Problem], version: int | None = None, generator: torch.Generator | None = None,
+               greedy: bool = False) -> TrajectoryBatch:
+        version = self.version if version is None else version
+        prompts = [encode(p.prompt) for p in problems]
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("all prompts of a batch must have the same length")
+        B, P, T = len(prompts), len(prompts[0]), self.max_response_tokens
+        if P + T > self.model.shape.block_size:
+            raise ValueError(f"prompt {P} + response {T} tokens exceed block_size {self.model.shape.block_size}")
+        prompt_ids = torch.tensor(prompts, dtype=torch.long)
+        tokens = torch.full((B, T), PAD_ID, dtype=torch.long)
+        mask = torch.zeros(B, T)
+        logp = torch.zeros(B, T)
+        env = ToolEpisodes(B, self.max_tool_calls)
+        done = [False] * B
+        was_model = self.model.training
+        self.model.eval()
+        cache = self.model.new_cache(B)
+        logits = self.model.policy_step(prompt_ids, cache)  # prefill: [B, V]
+        steps = 0
+        for t in range(T):
+            steps = t + 1
+            logp_all = torch.log_softmax(logits / self.temperature, dim=-1)  # [B, V]
+            if greedy:
+                sampled = logp_all.argmax(dim=-1)
+            else:
+                sampled = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
+            sampled_list = sampled.tolist()
+            next_ids, is_policy = [], []
+            for i in range(B):
+                if done[i]:
+                    next_ids.append(PAD_ID)
+                    is_policy.append(False)
+                elif env.queue[i]:
+                    tok = env.queue[i].pop(0)
+                    env.on_env_token(i, VOCAB[tok])
+                    next_ids.append(tok)
+                    is_policy.append(False)
+                else:
+                    tok = sampled_list[i]
+                    env.on_policy_token(i, VOCAB[tok])
+                    next_ids.append(tok)
+                    is_policy.append(True)
+                    if tok == ANSWER_END_ID:
+                        done[i] = True
+            next_tok = torch.tensor(next_ids, dtype=torch.long)
+            policy = torch.tensor(is_policy)
+            tokens[:, t] = next_tok
+            mask[:, t] = policy.float()
+            logp[:, t] = torch.where(policy, logp_all.gather(1, sampled[:, None]).squeeze(1), 0.0)
+            if all(done) or t == T - 1:
+                break
+            logits = self.model.policy_step(next_tok[:, None], cache)
+        self.model.train(was_model)
+        tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
+        responses = ["".join(chars) for chars in env.text]
+        rewards = torch.zeros(B, steps)
+        last_policy = (mask * torch.arange(1, steps + 1)).argmax(dim=1)  # index of the last policy token
+        scores = torch.tensor([reward(p, r, self.format_reward) for p, r in zip(problems, responses)])
+        rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
+        return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
+                               rewards, list(problems), responses, torch.tensor([not d for d in done]))
+
+
+def episode_stats(batch: TrajectoryBatch) -> dict[str, float]:
+    """reward/mean, response/length_mean, tool/calls_mean, response/truncated_frac."""
+    lengths = [len(r) for r in batch.responses]
+    return {
+        "reward/mean": float(batch.rewards.sum(1).mean()),
+        "response/length_mean": sum(lengths) / len(lengths),
+        "tool/calls_mean": sum(count_tool_calls(r) for r in batch.responses) / len(lengths),
+        "response/truncated_frac": float(batch.truncated.float().mean()),
+    }

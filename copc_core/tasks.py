@@ -1,0 +1,206 @@
+"""Built-in tasks: tool-integrated arithmetic (`tool_math`).
+
+A prompt is an expression such as `23+58*4=`. The policy may open a calculator call with `[`,
+write `a op b` and close it with `]`; the environment then appends the result and `;` as
+*environment tokens* (mask 0). The episode ends with an answer `digits.`. Reward 1 for the
+correct value (optional small format reward for a well-formed answer).
+
+    23+58*4=[58*4]232;[23+232]255;255.        correct, two tool calls (env tokens: 232; and 255;)
+    23+58*4=[23+58]81;[81*4]324;324.          wrong order (left to right)
+    23+58*4=1211.                              a direct guess
+
+The calculator is a small hand-written parser with bounds on operand and output length: it never
+evaluates text as code and never raises; malformed calls get the result `?`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# ---- vocabulary (character level) ----
+
+PAD = "_"
+CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "[", "]", ";", ".", "?"
+VOCAB = PAD + "0123456789+-*=" + CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
+STOI = {ch: i for i, ch in enumerate(VOCAB)}
+PAD_ID = STOI[PAD]
+CALL_CLOSE_ID = STOI[CALL_CLOSE]
+ANSWER_END_ID = STOI[ANSWER_END]
+
+
+def encode(text: str) -> list[int]:
+    return [STOI[ch] for ch in text]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(VOCAB[i] for i in ids)
+
+
+# ---- the calculator tool ----
+
+MAX_OPERAND_DIGITS = 6
+MAX_RESULT_DIGITS = 12
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def calculator(call: str) -> str:
+    """Result of a call `a op b` (non-negative integers of ≤ 6 digits, op one of + − *), or `?`.
+
+    Linear-time, bounded-output, never raises, never evaluates code. Negative results keep their
+    sign (`-` is in the vocabulary). Results longer than 12 digits are refused with `?`.
+    """
+    if not isinstance(call, str) or len(call) > 2 * MAX_OPERAND_DIGITS + 1:
+        return ERROR
+    for i, ch in enumerate(call):
+        if ch in _OPS and i > 0:
+            left, right = call[:i], call[i + 1 :]
+            break
+    else:
+        return ERROR
+    if not (_is_number(left) and _is_number(right)):
+        return ERROR
+    value = _OPS[ch](int(left), int(right))
+    text = str(value)
+    return text if len(text.lstrip("-")) <= MAX_RESULT_DIGITS else ERROR
+
+
+def _is_number(s: str) -> bool:
+    return 0 < len(s) <= MAX_OPERAND_DIGITS and all("0" <= c <= "9" for c in s)
+
+
+# ---- problems ----
+
+
+@dataclass(frozen=True)
+class Problem:
+    operands: tuple[int, ...]
+    ops: str  # one operator between each pair of operands
+
+    @property
+    def prompt(self) -> str:
+        parts = [str(self.operands[0])]
+        for op, x in zip(self.ops, self.operands[1:]):
+            parts += [op, str(x)]
+        return "".join(parts) + "="
+
+    @property
+    def answer(self) -> int:
+        """Value with the usual precedence (* before + and −)."""
+        return _evaluate(list(self.operands), self.ops)
+
+
+def _evaluate(values: list[int], ops: str) -> int:
+    # reduce the multiplications first, then left to right
+    vals, rest = [values[0]], []
+    for op, x in zip(ops, values[1:]):
+        if op == "*":
+            vals[-1] = vals[-1] * x
+        else:
+            rest.append(op)
+            vals.append(x)
+    total = vals[0]
+    for op, x in zip(rest, vals[1:]):
+        total = total + x if op == "+" else total - x
+    return total
+
+
+def make_problems(n: int, operand_digits: tuple[int, ...], ops: str, seed: int) -> list[Problem]:
+    """n problems from a seeded generator; operand i has exactly operand_digits[i] digits."""
+    if len(ops) != len(operand_digits) - 1:
+        raise ValueError(f"need one operator between operands: {len(operand_digits)} operands, ops {ops!r}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        operands = tuple(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1) for d in operand_digits)
+        out.append(Problem(operands, ops))
+    return out
+
+
+# ---- demonstrations for the warm start ----
+
+
+def tool_call_plan(problem: Problem, left_to_right: bool) -> list[tuple[str, int]]:
+    """Calls (text, result) that compute the answer with precedence, or naively left to right."""
+    values, ops = list(problem.operands), problem.ops
+    calls = []
+    if left_to_right:
+        acc = values[0]
+        for op, x in zip(ops, values[1:]):
+            res = _OPS[op](acc, x)
+            calls.append((f"{acc}{op}{x}", res))
+            acc = res
+        return calls
+    # precedence: multiplications first (left to right), then additions/subtractions
+    vals, pending = [values[0]], []
+    for op, x in zip(ops, values[1:]):
+        if op == "*":
+            res = vals[-1] * x
+            calls.append((f"{vals[-1]}*{x}", res))
+            vals[-1] = res
+        else:
+            pending.append(op)
+            vals.append(x)
+    acc = vals[0]
+    for op, x in zip(pending, vals[1:]):
+        res = _OPS[op](acc, x)
+        calls.append((f"{acc}{op}{x}", res))
+        acc = res
+    return calls
+
+
+def demonstration(problem: Problem, kind: str, rng: random.Random) -> str:
+    """A response text (prompt excluded) of one of three kinds: correct, wrong_order, guess."""
+    if kind == "guess":
+        true = problem.answer
+        guess = true
+        while guess == true:
+            guess = max(0, true + rng.randint(-true // 2 - 5, true // 2 + 5))
+        return f"{guess}{ANSWER_END}"
+    calls = tool_call_plan(problem, left_to_right=(kind == "wrong_order"))
+    text = "".join(f"{CALL_OPEN}{c}{CALL_CLOSE}{r}{RESULT_END}" for c, r in calls)
+    return text + f"{calls[-1][1] if calls else problem.answer}{ANSWER_END}"
+
+
+def environment_mask(response: str) -> list[int]:
+    """1 for characters the policy writes, 0 for tool output (between `]` and `;`, inclusive of `;`)."""
+    mask, in_result = [], False
+    for ch in response:
+        if in_result:
+            mask.append(0)
+            if ch == RESULT_END:
+                in_result = False
+        else:
+            mask.append(1)
+            if ch == CALL_CLOSE:
+                in_result = True
+    return mask
+
+
+# ---- episode scoring ----
+
+
+def parse_answer(response: str) -> int | None:
+    """The integer before the final `.`, after the last tool result; None if malformed."""
+    if not response.endswith(ANSWER_END):
+        return None
+    body = response[:-1]
+    start = body.rfind(RESULT_END) + 1
+    tail = body[start:]
+    if CALL_OPEN in tail or CALL_CLOSE in tail:
+        return None
+    digits = tail[1:] if tail.startswith("-") else tail
+    if not (0 < len(digits) <= MAX_RESULT_DIGITS and all("0" <= c <= "9" for c in digits)):
+        return None
+    return -int(digits) if tail.startswith("-") else int(digits)
+
+
+def reward(problem: Problem, response: str, format_reward: float) -> float:
+    answer = parse_answer(response)
+    if answer is None:
+        return 0.0
+    return 1.0 if answer == problem.answer else format_reward
+
+
+def count_tool_calls(response: str) -> int:
+    return response.count(CALL_CLOSE)

@@ -1,0 +1,152 @@
+"""The in-process trainer loop with controlled staleness k.
+
+The batch for learner step v is sampled with the weights of version max(0, v − k), exactly: the
+trainer keeps a ring of the last k + 1 weight snapshots. k = 0 is synchronous PPO. Evaluation on
+held-out prompts every `eval_every` steps (and at step 0, the warm start), collapse detection and
+the `RunSummary` come from copc_core.stability. `state_dict()` holds everything a resumed run
+needs to continue identically (weights, optimiser, RNG states, snapshot ring, step, history).
+
+The Ray runtime (infra) runs the same pieces in actors and overlaps sampling with training.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import torch
+
+from copc_core.config import RunConfig
+from copc_core.learner import Learner
+from copc_core.rollout import TorchSampler, episode_stats
+from copc_core.stability import RunSummary, summarise
+from copc_core.tasks import Problem, make_problems
+from copc_core.tensors import NonFiniteError
+from copc_core.warmstart import build_model
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class ProblemStream:
+    """Training problems from a seeded generator, never drawn from the held-out eval set."""
+
+    def __init__(self, config: RunConfig, seed: int):
+        task = config.task
+        self.config = config
+        self.rng = random.Random(seed)
+        self.eval_problems = make_problems(task.n_eval, task.operand_digits, task.ops, task.eval_seed)
+        self._held_out = {p.operands for p in self.eval_problems}
+
+    def next_batch(self, n: int) -> list[Problem]:
+        task = self.config.task
+        out: list[Problem] = []
+        while len(out) < n:
+            cand = make_problems(2 * n, task.operand_digits, task.ops, self.rng.randrange(2**31))
+            out += [p for p in cand if p.operands not in self._held_out]
+        return out[:n]
+
+
+class Trainer:
+    def __init__(self, config: RunConfig, warm_state: dict[str, torch.Tensor]):
+        t = config.train
+        self.config = config
+        self.model = build_model(config, t.seed)
+        self.model.load_state_dict(warm_state)
+        self.sampler = TorchSampler(build_model(config, t.seed), config.task.max_response_tokens,
+                                    config.task.max_tool_calls, t.temperature, config.task.format_reward)
+        self.learner = Learner(self.model, config, torch.Generator().manual_seed(2 * t.seed + 1))
+        self.sample_generator = torch.Generator().manual_seed(2 * t.seed + 2)
+        self.problems = ProblemStream(config, t.seed)
+        self.step = 0
+        self.ring: dict[int, dict[str, torch.Tensor]] = {0: snapshot(self.model)}
+        self.history: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self.non_finite_step: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.config.train.steps or self.non_finite_step is not None
+
+    def behavior_version(self, step: int) -> int:
+        return max(0, step - self.config.train.staleness)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy and sampled accuracy of the current weights on the held-out prompts."""
+        self.sampler.load_weights(snapshot(self.model), self.step)
+        problems = self.problems.eval_problems
+        greedy = self.sampler.sample(problems, self.step, None, greedy=True)
+        g = torch.Generator().manual_seed(self.config.task.eval_seed + self.step)
+        sampled = self.sampler.sample(problems, self.step, g)
+        sampled_acc = float(sampled.rewards.sum(1).eq(1.0).float().mean())
+        record = {"step": float(self.step),
+                  "eval/accuracy": sampled_acc,  # the policy being trained: temperature-1 samples
+                  "eval/accuracy_sampled": sampled_acc,
+                  "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
+        self.evals.append(record)
+        return record
+
+    def run_step(self) -> dict[str, float]:
+        """One learner step on a batch sampled with version max(0, v − k)."""
+        if not self.evals:
+            self.evaluate()  # the warm start's accuracy, at step 0
+        start = time.perf_counter()
+        version = self.behavior_version(self.step)
+        self.sampler.load_weights(self.ring[version], version)
+        problems = self.problems.next_batch(self.config.train.batch_size)
+        batch = self.sampler.sample(problems, version, self.sample_generator)
+        rollout_s = time.perf_counter() - start
+        metrics = self.learner.step(batch)
+        self.step += 1
+        self.ring[self.step] = snapshot(self.model)
+        for v in [v for v in self.ring if v < self.behavior_version(self.step)]:
+            del self.ring[v]
+        step_s = time.perf_counter() - start
+        metrics |= episode_stats(batch)
+        metrics |= {"step": float(self.step), "time/rollout_s": rollout_s, "time/step_s": step_s,
+                    "time/idle_frac": rollout_s / step_s}
+        self.history.append(metrics)
+        if self.step % self.config.train.eval_every == 0 or self.step == self.config.train.steps:
+            metrics |= self.evaluate()
+        return metrics
+
+    def run(self, on_step: Callable[[Trainer, dict[str, float]], None] | None = None) -> RunSummary:
+        while not self.done:
+            try:
+                metrics = self.run_step()
+            except NonFiniteError:  # nothing was applied: the weights stay those of this step
+                self.non_finite_step = self.step
+                break
+            if on_step is not None:
+                on_step(self, metrics)
+        return self.summary()
+
+    def summary(self) -> RunSummary:
+        return summarise(self.evals, self.history, self.non_finite_step)
+
+    def state_dict(self) -> dict:
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "step": self.step,
+            "learner": self.learner.state_dict(),
+            "ring": {v: dict(w) for v, w in self.ring.items()},
+            "sample_generator": self.sample_generator.get_state(),
+            "problem_rng": self.problems.rng.getstate(),
+            "history": list(self.history),
+            "evals": list(self.evals),
+            "non_finite_step": self.non_finite_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["config"] != self.config.model_dump(mode="json"):
+            raise ValueError("checkpoint was written by a different RunConfig")
+        self.step = state["step"]
+        self.learner.load_state_dict(state["learner"])
+        self.ring = {int(v): dict(w) for v, w in state["ring"].items()}
+        self.sample_generator.set_state(state["sample_generator"])
+        self.problems.rng.setstate(state["problem_rng"])
+        self.history = list(state["history"])
+        self.evals = list(state["evals"])
+        self.non_finite_step = state["non_finite_step"]

@@ -1,0 +1,53 @@
+"""Run one training job in this process, with warm-start cache and periodic checkpoints."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+
+from copc_core.config import RunConfig
+from copc_core.stability import RunSummary
+from copc_core.trainer import Trainer
+from infra.checkpoints import cached_warm_start, load_checkpoint, save_checkpoint
+from infra.settings import configure_torch_threads
+
+CHECKPOINT = "checkpoint.pt"
+SUMMARY = "summary.json"
+
+
+def train_in_process(
+    config: RunConfig,
+    run_dir: pathlib.Path,
+    cache_dir: pathlib.Path,
+    resume: bool = True,
+    checkpoint_every: int = 10,
+    on_step: Callable[[Trainer, dict[str, float]], None] | None = None,
+    on_warm_start: Callable[[int, int, float], None] | None = None,
+) -> RunSummary:
+    """Train `config` to completion; resumes from `run_dir/checkpoint.pt` when present and allowed.
+
+    Writes `config.json`, a checkpoint every `checkpoint_every` steps and at the end, and
+    `summary.json`.
+    """
+    configure_torch_threads(config.train.torch_threads)
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    warm = cached_warm_start(config, cache_dir, on_warm_start)
+    trainer = Trainer(config, warm)
+    checkpoint = run_dir / CHECKPOINT
+    if resume and checkpoint.exists():
+        trainer.load_state_dict(load_checkpoint(checkpoint))
+
+    def step_hook(tr: Trainer, metrics: dict[str, float]) -> None:
+        if tr.step % checkpoint_every == 0:
+            save_checkpoint(checkpoint, tr.state_dict())
+        if on_step is not None:
+            on_step(tr, metrics)
+
+    summary = trainer.run(step_hook)
+    save_checkpoint(checkpoint, trainer.state_dict())
+    (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
+    (run_dir / "history.json").write_text(json.dumps({"steps": trainer.history, "evals": trainer.evals}))
+    return summary

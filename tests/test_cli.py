@@ -1,0 +1,52 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import tiny_config
+
+
+def copc(*args, data_dir, timeout=300):
+    env = dict(os.environ, COPC_DATA_DIR=str(data_dir))
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--staleness", "-1"], "train.staleness"),
+    (["--method", "ppo9"], "valid methods: sync_ppo"),
+    (["--tau-policy", "0.5"], "method.tau_policy"),
+    (["--tau-advantage", "nan"], "method.tau_advantage"),
+    (["--method", "sync_ppo", "--staleness", "4"], "on-policy"),
+    (["--method", "tis", "--tau-policy", "2"], "has no tau_policy"),
+    (["--batch-size", "0"], "train.batch_size"),
+    (["--batch-size", "30"], "divisible by minibatches"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
+    out = copc("train", *args, data_dir=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=3).model_dump_json())
+    run_dir = tmp_path / "run"
+    out = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps_completed"] == 3
+    assert "warm start (SFT)" in out.stderr and "RL" in out.stderr  # progress bars
+    assert len(list((tmp_path / "cache").glob("warmstart-*.pt"))) == 1
+    again = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path)
+    assert again.returncode == 0
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+
+def test_methods_lists_the_registry(tmp_path):
+    out = copc("methods", data_dir=tmp_path)
+    assert out.returncode == 0 and "copc_advantage_only" in out.stdout and "vtrace" in out.stdout

@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+
+from copc_core.stability import area_under_curve, collapse_step, drops, spikes
+from copc_core.trainer import Trainer
+from tests.conftest import tiny_config
+
+TIMING = ("time/",)
+
+
+def strip_times(records):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
+
+
+def test_same_seed_same_metrics_at_k0(tiny_warm_state):
+    cfg = tiny_config(method="sync_ppo", steps=3)
+    a, b = Trainer(cfg, tiny_warm_state), Trainer(cfg, tiny_warm_state)
+    a.run(), b.run()
+    assert strip_times(a.history) == strip_times(b.history)
+    assert a.evals == b.evals
+    for (k, v), (_, w) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(v, w), k
+
+
+def test_different_seed_different_run(tiny_warm_state):
+    a = Trainer(tiny_config(steps=2, seed=0), tiny_warm_state)
+    b = Trainer(tiny_config(steps=2, seed=1), tiny_warm_state)
+    a.run(), b.run()
+    assert strip_times(a.history) != strip_times(b.history)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_resume_continues_identically(tiny_warm_state, k):
+    cfg = tiny_config(method="copc", staleness=k, steps=6)
+    straight = Trainer(cfg, tiny_warm_state)
+    straight.run()
+    first = Trainer(cfg, tiny_warm_state)
+    while first.step < 3:
+        first.run_step()
+    state = first.state_dict()
+    torch.save(state, "/dev/null")  # the state is serialisable
+    resumed = Trainer(cfg, tiny_warm_state)
+    resumed.load_state_dict(state)
+    resumed.run()
+    assert strip_times(resumed.history) == strip_times(straight.history)
+    assert resumed.evals == straight.evals
+
+
+def test_checkpoint_from_another_config_is_refused(tiny_warm_state):
+    state = Trainer(tiny_config(steps=2), tiny_warm_state).state_dict()
+    with pytest.raises(ValueError, match="different RunConfig"):
+        Trainer(tiny_config(steps=3), tiny_warm_state).load_state_dict(state)
+
+
+def test_controlled_staleness_is_exact(tiny_warm_state):
+    k = 2
+    tr = Trainer(tiny_config(method="copc", staleness=k, steps=5), tiny_warm_state)
+    tr.run()
+    # the batch of step v (0-based) is sampled with version max(0, v − k): lag min(v, k)
+    assert [h["staleness/mean"] for h in tr.history] == [min(v, k) for v in range(5)]
+    assert [h["staleness/max"] for h in tr.history] == [min(v, k) for v in range(5)]
+    assert sorted(tr.ring) == [3, 4, 5]  # only the versions still needed (v − k … v)
+    # off-policy from the first lagged step on: ρ ≠ 1 somewhere
+    assert tr.history[0]["correction/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert tr.history[3]["correction/ratio_max"] > 1.0
+
+
+def test_summary_fields(tiny_warm_state):
+    tr = Trainer(tiny_config(steps=4), tiny_warm_state)
+    s = tr.run()
+    assert s.steps_completed == 4 and [e["step"] for e in tr.evals] == [0, 2, 4]
+    assert s.warm_start_accuracy == tr.evals[0]["eval/accuracy"]
+    assert s.final_accuracy == tr.evals[-1]["eval/accuracy"]
+    assert s.peak_accuracy == max(e["eval/accuracy"] for e in tr.evals)
+    assert 0 <= s.auc_accuracy <= 1 and s.mean_step_s > 0
+
+
+def test_non_finite_update_stops_the_run_and_is_reported(tiny_warm_state, monkeypatch):
+    tr = Trainer(tiny_config(steps=4), tiny_warm_state)
+    original = tr.sampler.sample
+
+    def poisoned(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        if tr.step == 2:
+            batch.rewards[0, 0] = math.nan
+        return batch
+
+    monkeypatch.setattr(tr.sampler, "sample", poisoned)
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    s = tr.run()
+    assert s.collapsed and s.collapse_reason == "non_finite" and s.collapse_step == 2 and s.steps_completed == 2
+    assert all(torch.isfinite(v).all() for v in tr.state_dict()["learner"]["model"].values())
+    assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+
+
+# ---- stability rules ----
+
+def test_collapse_rule():
+    steps = [0, 10, 20, 30, 40]
+    assert collapse_step(steps, [0.3, 0.8, 0.9, 0.2, 0.0]) == 30
+    assert collapse_step(steps, [0.3, 0.8, 0.9, 0.2, 0.7]) is None  # recovered: not collapsed
+    assert collapse_step(steps, [0.3, 0.8, 0.9, 0.46, 0.45]) is None  # exactly half is not "more than 50 %"
+    assert collapse_step(steps, [0.3, 0.8, 0.9, 0.44, 0.44]) == 30
+    assert collapse_step(steps, [0.0] * 5) is None
+
+
+def test_warnings_and_auc():
+    assert spikes([1, 1, 1, 1, 1, 6, 1], 5.0) == [5]
+    assert spikes([1, 1, 1, 1, 1, 5, 1], 5.0) == []
+    assert drops([1, 1, 1, 1, 1, 0.4, 1], 0.5) == [5]
+    assert area_under_curve([0, 10, 30], [0.0, 1.0, 1.0]) == pytest.approx((5 + 20) / 30)
