@@ -30,23 +30,53 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def step_seed(seed: int, step: int, stream: int) -> int:
+    """A distinct, reproducible seed per (run seed, step, stream): sampling can run anywhere."""
+    return (seed * 1_000_003 + step) * 7 + stream
+
+
 class ProblemStream:
-    """Training problems from a seeded generator, never drawn from the held-out eval set."""
+    """Training problems from a seeded generator, never drawn from the held-out eval set.
+
+    The problems of step v depend only on (seed, v), so any process can produce them.
+    """
 
     def __init__(self, config: RunConfig, seed: int):
         task = config.task
         self.config = config
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.eval_problems = make_problems(task.n_eval, task.operand_digits, task.ops, task.eval_seed)
         self._held_out = {p.operands for p in self.eval_problems}
 
-    def next_batch(self, n: int) -> list[Problem]:
+    def batch(self, step: int, n: int) -> list[Problem]:
         task = self.config.task
+        rng = random.Random(step_seed(self.seed, step, 0))
         out: list[Problem] = []
         while len(out) < n:
-            cand = make_problems(2 * n, task.operand_digits, task.ops, self.rng.randrange(2**31))
+            cand = make_problems(2 * n, task.operand_digits, task.ops, rng.randrange(2**31))
             out += [p for p in cand if p.operands not in self._held_out]
         return out[:n]
+
+
+def sampling_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(step_seed(seed, step, 1))
+
+
+def evaluate(sampler: TorchSampler, problems: list[Problem], config: RunConfig, step: int) -> dict[str, float]:
+    """Held-out accuracy of the sampler's current weights: temperature-1 samples and greedy."""
+    greedy = sampler.sample(problems, step, None, greedy=True)
+    sampled = sampler.sample(problems, step, torch.Generator().manual_seed(config.task.eval_seed + step))
+    sampled_acc = float(sampled.rewards.sum(1).eq(1.0).float().mean())
+    return {"step": float(step),
+            "eval/accuracy": sampled_acc,  # the policy being trained: temperature-1 samples
+            "eval/accuracy_sampled": sampled_acc,
+            "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
+
+
+def make_sampler(config: RunConfig) -> TorchSampler:
+    t = config.train
+    return TorchSampler(build_model(config, t.seed), config.task.max_response_tokens, config.task.max_tool_calls,
+                        t.temperature, config.task.format_reward)
 
 
 class Trainer:
@@ -55,10 +85,8 @@ class Trainer:
         self.config = config
         self.model = build_model(config, t.seed)
         self.model.load_state_dict(warm_state)
-        self.sampler = TorchSampler(build_model(config, t.seed), config.task.max_response_tokens,
-                                    config.task.max_tool_calls, t.temperature, config.task.format_reward)
+        self.sampler = make_sampler(config)
         self.learner = Learner(self.model, config, torch.Generator().manual_seed(2 * t.seed + 1))
-        self.sample_generator = torch.Generator().manual_seed(2 * t.seed + 2)
         self.problems = ProblemStream(config, t.seed)
         self.step = 0
         self.ring: dict[int, dict[str, torch.Tensor]] = {0: snapshot(self.model)}
@@ -76,15 +104,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Greedy and sampled accuracy of the current weights on the held-out prompts."""
         self.sampler.load_weights(snapshot(self.model), self.step)
-        problems = self.problems.eval_problems
-        greedy = self.sampler.sample(problems, self.step, None, greedy=True)
-        g = torch.Generator().manual_seed(self.config.task.eval_seed + self.step)
-        sampled = self.sampler.sample(problems, self.step, g)
-        sampled_acc = float(sampled.rewards.sum(1).eq(1.0).float().mean())
-        record = {"step": float(self.step),
-                  "eval/accuracy": sampled_acc,  # the policy being trained: temperature-1 samples
-                  "eval/accuracy_sampled": sampled_acc,
-                  "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
+        record = evaluate(self.sampler, self.problems.eval_problems, self.config, self.step)
         self.evals.append(record)
         return record
 
@@ -95,8 +115,8 @@ class Trainer:
         start = time.perf_counter()
         version = self.behavior_version(self.step)
         self.sampler.load_weights(self.ring[version], version)
-        problems = self.problems.next_batch(self.config.train.batch_size)
-        batch = self.sampler.sample(problems, version, self.sample_generator)
+        problems = self.problems.batch(self.step, self.config.train.batch_size)
+        batch = self.sampler.sample(problems, version, sampling_generator(self.config.train.seed, self.step))
         rollout_s = time.perf_counter() - start
         metrics = self.learner.step(batch)
         self.step += 1
@@ -109,7 +129,7 @@ class Trainer:
                     "time/idle_frac": rollout_s / step_s}
         self.history.append(metrics)
         if self.step % self.config.train.eval_every == 0 or self.step == self.config.train.steps:
-            metrics |= self.evaluate()
+            return metrics | self.evaluate()
         return metrics
 
     def run(self, on_step: Callable[[Trainer, dict[str, float]], None] | None = None) -> RunSummary:
@@ -132,8 +152,6 @@ class Trainer:
             "step": self.step,
             "learner": self.learner.state_dict(),
             "ring": {v: dict(w) for v, w in self.ring.items()},
-            "sample_generator": self.sample_generator.get_state(),
-            "problem_rng": self.problems.rng.getstate(),
             "history": list(self.history),
             "evals": list(self.evals),
             "non_finite_step": self.non_finite_step,
@@ -145,8 +163,6 @@ class Trainer:
         self.step = state["step"]
         self.learner.load_state_dict(state["learner"])
         self.ring = {int(v): dict(w) for v, w in state["ring"].items()}
-        self.sample_generator.set_state(state["sample_generator"])
-        self.problems.rng.setstate(state["problem_rng"])
         self.history = list(state["history"])
         self.evals = list(state["evals"])
         self.non_finite_step = state["non_finite_step"]

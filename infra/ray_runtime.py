@@ -1,0 +1,334 @@
+"""The Ray async runtime: rollout-worker actors, a learner actor, versioned weights, overlap.
+
+Actors are thin shells around copc_core objects (`TorchSampler`, `Learner`). Weights travel as
+object-store references: the learner returns its new weights from `step`, the driver hands the
+reference to workers, nobody copies them through the driver.
+
+Two schedules:
+- **controlled lag k** (`RayTrainer.run`): the batch of step v is sampled with version max(0, v − k),
+  exactly as the in-process `Trainer` does, with the same per-step seeds, so the numbers agree.
+  For k ≥ 1 the sample for step v + 1 is submitted before step v trains: sampling and training
+  overlap. k = 0 runs synchronously.
+- **bounded staleness η** (`RayTrainer.run_bounded`): workers sample continuously in chunks with the
+  newest weights; AReaL's admission rule lets a chunk start only while
+  accepted + running < (η + v + 1) · batch_size, and batches are consumed in start order, so no
+  consumed token is more than η versions old.
+
+Faults: a rollout worker that dies is replaced and its request re-issued with the same seed (a
+request is consumed exactly once: `counters` track it); every wait has a timeout that raises
+`RuntimeTimeoutError` naming what it waited for.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from copc_core.config import RunConfig
+from copc_core.learner import Learner
+from copc_core.rollout import TrajectoryBatch, episode_stats
+from copc_core.stability import RunSummary, summarise
+from copc_core.tensors import NonFiniteError
+from copc_core.trainer import ProblemStream, evaluate, make_sampler, sampling_generator, snapshot, step_seed
+from copc_core.warmstart import build_model
+
+
+CHUNK_KEY_OFFSET = 10_000_000  # seed keys of free-running chunks never meet those of lag-k steps
+
+
+class RuntimeTimeoutError(TimeoutError):
+    """A Ray call did not answer in time (weight sync, sampling, a learner step)."""
+
+
+@dataclass(frozen=True)
+class RayResources:
+    """Per-actor resources (from config or CLI): CPUs, GPUs and torch threads."""
+
+    rollout_workers: int = 1
+    rollout_cpus: float = 1.0
+    learner_cpus: float = 1.0
+    rollout_gpus: float = 0.0
+    learner_gpus: float = 0.0
+    torch_threads: int = 1
+    timeout_s: float = 300.0
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join a cluster at `address`, or start a local Ray bound to 127.0.0.1 (no dashboard)."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+
+
+@ray.remote
+class RolloutWorker:
+    """Samples episodes for a given step with given weights (thin shell over `TorchSampler`)."""
+
+    def __init__(self, config_json: str, torch_threads: int):
+        torch.set_num_threads(torch_threads)
+        self.config = RunConfig.model_validate_json(config_json)
+        self.sampler = make_sampler(self.config)
+        self.problems = ProblemStream(self.config, self.config.train.seed)
+        self.loaded = -1
+
+    def _load(self, weights: dict, version: int) -> None:
+        if version != self.loaded:
+            self.sampler.load_weights(weights, version)
+            self.loaded = version
+
+    def sample(self, weights: dict, version: int, key: int, n: int) -> tuple[TrajectoryBatch, float]:
+        """n episodes with `version`; problems and sampling seeds depend only on (run seed, key).
+
+        The controlled-lag schedule uses key = step, like the in-process trainer.
+        """
+        start = time.perf_counter()
+        self._load(weights, version)
+        problems = self.problems.batch(key, n)
+        batch = self.sampler.sample(problems, version, sampling_generator(self.config.train.seed, key))
+        return batch, time.perf_counter() - start
+
+    def evaluate(self, weights: dict, version: int) -> dict[str, float]:
+        self._load(weights, version)
+        return evaluate(self.sampler, self.problems.eval_problems, self.config, version)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+@ray.remote
+class LearnerActor:
+    """Holds the trainable model and optimiser (thin shell over `Learner`)."""
+
+    def __init__(self, config_json: str, warm_state: dict, torch_threads: int):
+        torch.set_num_threads(torch_threads)
+        self.config = RunConfig.model_validate_json(config_json)
+        model = build_model(self.config, self.config.train.seed)
+        model.load_state_dict(warm_state)
+        self.learner = Learner(model, self.config, torch.Generator().manual_seed(2 * self.config.train.seed + 1))
+
+    @ray.method(num_returns=2)
+    def step(self, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict]:
+        """One update on the concatenated parts; returns (metrics, new weights) as two objects."""
+        batch = parts[0][0] if len(parts) == 1 else TrajectoryBatch.concat([b for b, _ in parts])
+        try:
+            metrics = self.learner.step(batch)
+        except NonFiniteError as err:
+            return {"error": str(err)}, {}
+        metrics |= episode_stats(batch)
+        metrics["time/rollout_s"] = max(seconds for _, seconds in parts)
+        return metrics, snapshot(self.learner.model)
+
+    def weights(self) -> dict:
+        return snapshot(self.learner.model)
+
+    def state_dict(self) -> dict:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
+
+
+@dataclass
+class Counters:
+    """Exact bookkeeping of rollout requests and episodes (survives resume)."""
+
+    requests_submitted: int = 0
+    requests_completed: int = 0
+    requests_reissued: int = 0
+    workers_replaced: int = 0
+    episodes_consumed: int = 0
+    episodes_started: int = 0  # bounded staleness: episodes admitted (accepted + running)
+    lag_histogram: dict[int, int] = field(default_factory=dict)  # realised per-token lag → count
+
+
+class RayTrainer:
+    """Drives one run on Ray; the in-process `Trainer`'s twin with overlap and faults handled."""
+
+    def __init__(self, config: RunConfig, warm_state: dict, resources: RayResources = RayResources()):
+        self.config = config
+        self.resources = resources
+        self.config_json = config.model_dump_json()
+        self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
+            self.config_json, warm_state, resources.torch_threads)
+        self.workers = [self._new_worker() for _ in range(resources.rollout_workers)]
+        self.versions: dict[int, ray.ObjectRef] = {0: ray.put(warm_state)}
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self.counters = Counters()
+        self.non_finite_step: int | None = None
+        self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
+
+    # ---- plumbing ----
+
+    def _new_worker(self):
+        r = self.resources
+        return RolloutWorker.options(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus).remote(
+            self.config_json, r.torch_threads)
+
+    def _get(self, ref, what: str):
+        try:
+            return ray.get(ref, timeout=self.resources.timeout_s)
+        except GetTimeoutError:
+            raise RuntimeTimeoutError(f"no answer within {self.resources.timeout_s:.0f} s while waiting for {what}") from None
+
+    def _submit(self, worker_index: int, version: int, key: int, n: int) -> dict:
+        self.counters.requests_submitted += 1
+        ref = self.workers[worker_index].sample.remote(self.versions[version], version, key, n)
+        return {"ref": ref, "worker": worker_index, "version": version, "key": key, "n": n}
+
+    def _collect(self, request: dict, what: str) -> tuple[TrajectoryBatch, float]:
+        """The request's result; a dead worker is replaced and the same request re-issued."""
+        while True:
+            try:
+                result = self._get(request["ref"], what)
+                self.counters.requests_completed += 1
+                return result
+            except RayActorError:
+                self.counters.workers_replaced += 1
+                self.counters.requests_reissued += 1
+                self.workers[request["worker"]] = self._new_worker()
+                request["ref"] = self.workers[request["worker"]].sample.remote(
+                    self.versions[request["version"]], request["version"], request["key"], request["n"])
+
+    def _record_lag(self, batch: TrajectoryBatch, learner_version: int) -> None:
+        lags = (learner_version - batch.version)[batch.mask > 0]
+        for lag, count in zip(*torch.unique(lags, return_counts=True)):
+            self.counters.lag_histogram[int(lag)] = self.counters.lag_histogram.get(int(lag), 0) + int(count)
+
+    def _evaluate(self) -> None:
+        record = self._get(self.workers[0].evaluate.remote(self.versions[self.step], self.step), "evaluation")
+        self.evals.append(record)
+
+    def _after_step(self, metrics: dict, weights_ref, wall_start: float) -> bool:
+        if "error" in metrics:
+            self.non_finite_step = self.step
+            return False
+        self.step += 1
+        self.versions[self.step] = weights_ref
+        step_s = time.perf_counter() - wall_start
+        metrics |= {"step": float(self.step), "time/step_s": step_s,
+                    "time/idle_frac": max(0.0, 1.0 - metrics["time/train_s"] / step_s)}
+        self.history.append(metrics)
+        keep_from = self.step - max(self.config.train.staleness, self._eta)
+        for v in [v for v in self.versions if v < keep_from]:
+            del self.versions[v]
+        if self.step % self.config.train.eval_every == 0 or self.step == self.config.train.steps:
+            self._evaluate()
+        return True
+
+    _eta = 0
+
+    # ---- controlled lag k ----
+
+    def run(self, on_step: Callable[[RayTrainer, dict], None] | None = None) -> RunSummary:
+        t, k = self.config.train, self.config.train.staleness
+        if not self.evals:
+            self._evaluate()
+        pending: dict[int, dict] = {}
+        while self.step < t.steps:
+            v = self.step
+            wall_start = time.perf_counter()
+            request = pending.pop(v, None) or self._submit(0, max(0, v - k), v, t.batch_size)
+            if self.fault_hook is not None:
+                self.fault_hook(self)
+            sampled = self._collect(request, f"rollout of step {v}")
+            self._record_lag(sampled[0], v)
+            metrics_ref, weights_ref = self.learner.step.remote(sampled)
+            if k >= 1 and v + 1 < t.steps:  # overlap: the next batch's weights already exist
+                pending[v + 1] = self._submit(0, max(0, v + 1 - k), v + 1, t.batch_size)
+            metrics = self._get(metrics_ref, f"learner step {v}")
+            self.counters.episodes_consumed += sampled[0].size
+            if not self._after_step(metrics, weights_ref, wall_start):
+                break
+            if on_step is not None:
+                on_step(self, metrics)
+        return self.summary()
+
+    # ---- bounded staleness η ----
+
+    def run_bounded(self, eta: int, chunk_size: int, on_step: Callable[[RayTrainer, dict], None] | None = None
+                    ) -> RunSummary:
+        """Free-running sampling with AReaL's admission control; batches consumed in start order."""
+        t = self.config.train
+        if t.batch_size % chunk_size:
+            raise ValueError(f"batch_size ({t.batch_size}) must be a multiple of chunk_size ({chunk_size})")
+        self._eta = eta
+        if not self.evals:
+            self._evaluate()
+        chunks_per_batch = t.batch_size // chunk_size
+        in_flight: collections.OrderedDict[int, dict] = collections.OrderedDict()  # chunk index → request
+        done: dict[int, tuple[TrajectoryBatch, float]] = {}
+        next_chunk = self.counters.episodes_started // chunk_size
+        free = list(range(len(self.workers)))
+        busy: dict[int, int] = {}  # chunk → worker
+        wall_start = time.perf_counter()
+        while self.step < t.steps:
+            # admission: start chunks while accepted + running < (η + v + 1) · B and a worker is free
+            while free and (self.counters.episodes_started + chunk_size <= (eta + self.step + 1) * t.batch_size):
+                w = free.pop(0)
+                request = self._submit(w, self.step, CHUNK_KEY_OFFSET + next_chunk, chunk_size)
+                in_flight[next_chunk] = request
+                busy[next_chunk] = w
+                self.counters.episodes_started += chunk_size
+                next_chunk += 1
+            first = self.step * chunks_per_batch
+            wanted = list(range(first, first + chunks_per_batch))
+            if all(c in done for c in wanted):
+                parts = [done.pop(c) for c in wanted]
+                for b, _ in parts:
+                    self._record_lag(b, self.step)
+                metrics_ref, weights_ref = self.learner.step.remote(*parts)
+                metrics = self._get(metrics_ref, f"learner step {self.step}")
+                self.counters.episodes_consumed += t.batch_size
+                if not self._after_step(metrics, weights_ref, wall_start):
+                    break
+                wall_start = time.perf_counter()
+                if on_step is not None:
+                    on_step(self, metrics)
+                continue
+            ready, _ = ray.wait([r["ref"] for r in in_flight.values()], num_returns=1, timeout=self.resources.timeout_s)
+            if not ready:
+                raise RuntimeTimeoutError(f"no rollout chunk finished within {self.resources.timeout_s:.0f} s")
+            chunk = next(c for c, r in in_flight.items() if r["ref"] == ready[0])
+            request = in_flight.pop(chunk)
+            done[chunk] = self._collect(request, f"rollout chunk {chunk}")
+            free.append(busy.pop(chunk))
+        for c, request in in_flight.items():  # leave nothing running behind us
+            ray.cancel(request["ref"], force=False)
+        return self.summary()
+
+    def summary(self) -> RunSummary:
+        return summarise(self.evals, self.history, self.non_finite_step)
+
+    def state_dict(self) -> dict:
+        return {"config": self.config.model_dump(mode="json"), "step": self.step,
+                "learner": self._get(self.learner.state_dict.remote(), "learner state"),
+                "versions": {v: ray.get(ref) for v, ref in self.versions.items()},
+                "history": list(self.history), "evals": list(self.evals),
+                "counters": self.counters.__dict__.copy(), "non_finite_step": self.non_finite_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["config"] != self.config.model_dump(mode="json"):
+            raise ValueError("checkpoint was written by a different RunConfig")
+        self.step = state["step"]
+        self._get(self.learner.load_state_dict.remote(state["learner"]), "learner restore")
+        self.versions = {int(v): ray.put(w) for v, w in state["versions"].items()}
+        self.history, self.evals = list(state["history"]), list(state["evals"])
+        self.counters = Counters(**state["counters"])
+        self.non_finite_step = state["non_finite_step"]
+
+    def shutdown(self) -> None:
+        for actor in [self.learner, *self.workers]:
+            ray.kill(actor)
