@@ -67,6 +67,8 @@ def train(
     config: Optional[pathlib.Path] = typer.Option(None, help="a RunConfig JSON file (flags override it)"),
     run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
+    runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
+    ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
 ) -> None:
     """Train one run on the embedded default (tiny GPT, tool-math task) in this process."""
     cfg = build_run_config(config, {
@@ -74,9 +76,11 @@ def train(
         "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
         "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
     })
+    if runtime not in ("inprocess", "ray"):
+        _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
     from tqdm import tqdm
 
-    from infra.local_run import train_in_process
+    from infra.local_run import train_in_process, train_on_ray
     from infra.settings import data_dir
 
     root = data_dir()
@@ -104,7 +108,12 @@ def train(
         bar.set_postfix(acc=f"{last['eval/accuracy']:.2f}", reward=f"{metrics['reward/mean']:.2f}",
                         ess=f"{metrics['correction/ess']:.2f}")
 
-    summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step, on_warm_start=on_warm)
+    if runtime == "ray" or ray_address:
+        summary = train_on_ray(cfg, run_dir, root / "cache", ray_address, resume=resume, on_step=on_step,
+                               on_warm_start=on_warm)
+    else:
+        summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step,
+                                   on_warm_start=on_warm)
     if bar is not None:
         bar.close()
     typer.echo(json.dumps(summary.model_dump(), indent=2))

@@ -51,3 +51,34 @@ def train_in_process(
     (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
     (run_dir / "history.json").write_text(json.dumps({"steps": trainer.history, "evals": trainer.evals}))
     return summary
+
+
+def train_on_ray(
+    config: RunConfig,
+    run_dir: pathlib.Path,
+    cache_dir: pathlib.Path,
+    address: str | None = None,
+    resume: bool = True,
+    on_step: Callable | None = None,
+    on_warm_start: Callable[[int, int, float], None] | None = None,
+) -> RunSummary:
+    """Train `config` with the Ray runtime (local Ray, or the cluster at `address`); same files as in-process."""
+    from infra.ray_runtime import RayResources, RayTrainer, init_ray
+
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    warm = cached_warm_start(config, cache_dir, on_warm_start)
+    init_ray(address)
+    trainer = RayTrainer(config, warm, RayResources(torch_threads=config.train.torch_threads))
+    checkpoint = run_dir / CHECKPOINT
+    try:
+        if resume and checkpoint.exists():
+            trainer.load_state_dict(load_checkpoint(checkpoint))
+        summary = trainer.run(on_step)
+        save_checkpoint(checkpoint, trainer.state_dict())
+    finally:
+        trainer.shutdown()
+    (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
+    (run_dir / "history.json").write_text(json.dumps({"steps": trainer.history, "evals": trainer.evals}))
+    return summary

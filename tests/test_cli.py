@@ -50,3 +50,19 @@ def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
 def test_methods_lists_the_registry(tmp_path):
     out = copc("methods", data_dir=tmp_path)
     assert out.returncode == 0 and "copc_advantage_only" in out.stdout and "vtrace" in out.stdout
+
+
+@pytest.mark.slow
+def test_tiny_run_on_the_ray_runtime(tmp_path):
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
+    out = copc("train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"), "--runtime", "ray",
+               data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps_completed"] == 2 and summary["staleness_max"] == 1.0
+
+
+def test_unknown_runtime_is_rejected(tmp_path):
+    out = copc("train", "--runtime", "spark", data_dir=tmp_path)
+    assert out.returncode == 2 and "--runtime must be inprocess or ray" in out.stderr
