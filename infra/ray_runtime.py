@@ -66,7 +66,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+        # address="local": always a fresh local instance, never a cluster `ray start` left on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
 
 
 @ray.remote

@@ -1,0 +1,86 @@
+"""The joint sweep end to end: Optuna study ↔ Ray trial tasks ↔ MLflow runs (Prefect wraps this later)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from typing import Any
+
+from copc_core.config import RunConfig
+from sweeps.space import SweepSpace
+from sweeps.study import open_study, pending_points, run_study
+
+
+def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path, storage: str | None = None,
+              tracking: str | None = None, sampler: str = "grid") -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from infra.checkpoints import cached_warm_start
+    from infra.ray_runtime import init_ray
+    from infra.sweep_runs import run_trials
+    from infra.tracking import Tracker, tracking_uri
+
+    storage = storage or f"sqlite:///{data / 'optuna.db'}"
+    tracker = Tracker(tracking_uri(data, tracking))
+    cache = data / "cache"
+    bars: list = []
+
+    def on_warm(step: int, total: int, loss: float) -> None:  # only called when not cached yet
+        if not bars:
+            bars.append(tqdm(total=total, desc="warm start (SFT, cached for later)", unit="step", file=sys.stderr))
+        bars[0].update(1)
+        bars[0].set_postfix(loss=f"{loss:.3f}")
+
+    cached_warm_start(base, cache, on_warm)
+    for bar in bars:
+        bar.close()
+    study = open_study(name, storage, space, sampler)
+    points = pending_points(study, space)
+    total = len(space.grid())
+    print(f"sweep {name!r}: {total} points, {total - len(points)} already finished, {len(points)} to run", file=sys.stderr)
+    parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    init_ray(num_cpus=os.cpu_count())
+
+    def run_points(params_list: list[dict[str, Any]]) -> list[dict | BaseException]:
+        configs = [space.run_config(base, p) for p in params_list]
+        bar = tqdm(total=len(configs), desc="trials", unit="run", file=sys.stderr)
+
+        def done(i: int, result) -> None:
+            bar.update(1)
+            if not isinstance(result, BaseException):
+                bar.set_postfix(last=f"k={params_list[i]['staleness']} acc={result['summary']['final_accuracy']:.2f}")
+
+        results = run_trials(configs, cache, done)
+        bar.close()
+        for p, cfg, result in zip(params_list, configs, results):
+            run_name = f"{space.method} tp={p['tau_policy']:g} ta={p['tau_advantage']:g} k={p['staleness']} s={p['seed']}"
+            if isinstance(result, BaseException):
+                tracker.log_failed_trial(parent, name, run_name, f"{type(result).__name__}: {result}")
+            else:
+                result["mlflow_run_id"] = tracker.log_trial(parent, name, run_name, cfg, result["summary"],
+                                                            result["history"], result["evals"])
+        return results
+
+    outcomes = run_study(study, space, points, run_points) if points else []
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    best = max(complete, key=lambda t: t.value) if complete else None
+    tracker.finish_parent(parent, {"sweep/trials_complete": len(complete),
+                                   "sweep/best_value": best.value if best else float("nan")})
+    return {"study": study, "outcomes": outcomes, "best": best, "parent_run_id": parent, "storage": storage,
+            "tracking_uri": tracker.uri}
+
+
+def grid_table(study, space: SweepSpace) -> str:
+    """Text heatmaps: objective per (τ_p row, τ_a column) for each staleness level (seed mean)."""
+    cells: dict[tuple, list[float]] = {}
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            cells.setdefault((t.params["staleness"], t.params["tau_policy"], t.params["tau_advantage"]), []).append(t.value)
+    lines = [f"objective = {space.objective} accuracy − {space.collapse_penalty} if collapsed (mean over seeds)"]
+    for k in space.staleness:
+        lines.append(f"k = {k}:   τ_a → " + "  ".join(f"{ta:>6g}" for ta in space.tau_advantage))
+        for tp in space.tau_policy:
+            vals = [cells.get((k, tp, ta)) for ta in space.tau_advantage]
+            lines.append(f"   τ_p = {tp:<6g}    " + "  ".join(f"{sum(v) / len(v):6.2f}" if v else "     —" for v in vals))
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Search spaces as data, and the objective computed from a run summary."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from copc_core.config import MethodConfig, RunConfig, with_overrides
+
+# search-space parameter → RunConfig field it sets
+PARAM_FIELDS = {"tau_policy": "method.tau_policy", "tau_advantage": "method.tau_advantage",
+                "staleness": "train.staleness", "seed": "train.seed"}
+
+
+class SweepSpace(BaseModel):
+    """A joint grid over (τ_p, τ_a) × staleness k × seed for one method, and how to score a run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+    method: str = "copc"
+    tau_policy: list[float] = Field(default_factory=lambda: [1.5, 2.0, 4.0], min_length=1)
+    tau_advantage: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
+    staleness: list[int] = Field(default_factory=lambda: [0, 4], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    steps: int = Field(60, ge=1)
+    objective: Literal["final", "peak", "auc"] = "final"
+    collapse_penalty: float = Field(0.5, ge=0.0, le=1.0, description="subtracted from a collapsed run's score")
+
+    @model_validator(mode="after")
+    def _valid_points(self) -> SweepSpace:
+        for tp, ta, k in itertools.product(self.tau_policy, self.tau_advantage, self.staleness):
+            if k < 0:
+                raise ValueError(f"staleness must be >= 0, got {k}")
+            MethodConfig(name=self.method, tau_policy=tp, tau_advantage=ta)  # τ ≥ 1, method has both bands
+        return self
+
+    def grid(self) -> list[dict[str, Any]]:
+        return [{"tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
+                for tp, ta, k, s in itertools.product(self.tau_policy, self.tau_advantage, self.staleness, self.seeds)]
+
+    def search_space(self) -> dict[str, list]:
+        return {"tau_policy": self.tau_policy, "tau_advantage": self.tau_advantage, "staleness": self.staleness,
+                "seed": self.seeds}
+
+    def run_config(self, base: RunConfig, params: dict[str, Any]) -> RunConfig:
+        overrides = {PARAM_FIELDS[k]: v for k, v in params.items()}
+        return with_overrides(base, {"method.name": self.method, "train.steps": self.steps, **overrides})
+
+
+def objective_value(summary: dict[str, Any], objective: str, collapse_penalty: float) -> float:
+    """final / peak / auc held-out accuracy, minus the penalty when the run collapsed."""
+    score = {"final": summary["final_accuracy"], "peak": summary["peak_accuracy"], "auc": summary["auc_accuracy"]}[objective]
+    return score - (collapse_penalty if summary["collapsed"] else 0.0)

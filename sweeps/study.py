@@ -1,0 +1,61 @@
+"""Optuna studies for joint sweeps: grid (default) or TPE, resumable, failures recorded as FAIL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from sweeps.space import SweepSpace, objective_value
+
+FAIL_REASON = "fail_reason"
+
+
+def open_study(name: str, storage: str, space: SweepSpace, sampler: str = "grid") -> optuna.Study:
+    """Create or load `name` in `storage` (any Optuna RDB URL; SQLite by default)."""
+    samplers = {"grid": lambda: optuna.samplers.GridSampler(space.search_space(), seed=0),
+                "tpe": lambda: optuna.samplers.TPESampler(seed=0)}
+    if sampler not in samplers:
+        raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(samplers)}")
+    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                               sampler=samplers[sampler]())
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, float(v)) for k, v in params.items()))
+
+
+def pending_points(study: optuna.Study, space: SweepSpace) -> list[dict[str, Any]]:
+    """Grid points without a COMPLETE trial. Trials left RUNNING by a killed sweep become FAIL."""
+    done = set()
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            done.add(_key(trial.params))
+        elif trial.state == optuna.trial.TrialState.RUNNING:
+            study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON, "interrupted (sweep killed)")
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    return [p for p in space.grid() if _key(p) not in done]
+
+
+def run_study(study: optuna.Study, space: SweepSpace, points: list[dict[str, Any]],
+              run_points: Callable[[list[dict[str, Any]]], list[dict[str, Any] | BaseException]]) -> list[dict]:
+    """Ask one trial per point, run them (in parallel, by `run_points`), tell each result or failure."""
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()}
+    trials = []
+    for p in points:
+        study.enqueue_trial(p, skip_if_exists=False)
+        trials.append(study.ask(distributions))
+    results = run_points([t.params for t in trials])
+    out = []
+    for trial, result in zip(trials, results):
+        if isinstance(result, BaseException):
+            trial.set_user_attr(FAIL_REASON, f"{type(result).__name__}: {result}")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            out.append({"params": trial.params, "state": "FAIL", "reason": str(result)})
+            continue
+        value = objective_value(result["summary"], space.objective, space.collapse_penalty)
+        trial.set_user_attr("mlflow_run_id", result.get("mlflow_run_id", ""))
+        study.tell(trial, value)
+        out.append({"params": trial.params, "state": "COMPLETE", "value": value, **result})
+    return out

@@ -1,0 +1,90 @@
+"""Sweeps on a real Optuna SQLite storage and a real MLflow SQLite store (no mocks)."""
+
+import math
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
+
+from sweeps.space import SweepSpace, objective_value
+from sweeps.study import FAIL_REASON, open_study, pending_points, run_study
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_space(**kw):
+    return SweepSpace(**({"tau_policy": [2.0], "tau_advantage": [1.0, 2.0], "staleness": [0, 1], "seeds": [0],
+                          "steps": 2} | kw))
+
+
+def test_space_grid_and_configs():
+    space = tiny_space()
+    assert len(space.grid()) == 4
+    cfg = space.run_config(tiny_config(), {"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 3})
+    assert cfg.method.tau_advantage == 1.0 and cfg.train.staleness == 1 and cfg.train.seed == 3 and cfg.train.steps == 2
+
+
+@pytest.mark.parametrize("bad", [{"tau_policy": [0.5]}, {"tau_advantage": [math.nan]}, {"staleness": [-1]},
+                                 {"method": "tis"}, {"method": "nope"}, {"seeds": []}])
+def test_invalid_spaces_are_refused(bad):
+    with pytest.raises(ValidationError):
+        tiny_space(**bad)
+
+
+def test_objective():
+    s = {"final_accuracy": 0.8, "peak_accuracy": 0.9, "auc_accuracy": 0.7, "collapsed": False}
+    assert objective_value(s, "final", 0.5) == 0.8 and objective_value(s, "auc", 0.5) == 0.7
+    assert objective_value({**s, "collapsed": True}, "peak", 0.5) == pytest.approx(0.4)
+
+
+def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = tiny_space()
+    study = open_study("s", storage, space)
+
+    def half_fail(params_list):
+        return [RuntimeError("worker exploded") if p["staleness"] == 1 else
+                {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5, "collapsed": False}}
+                for p in params_list]
+
+    run_study(study, space, pending_points(study, space), half_fail)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and states.count(optuna.trial.TrialState.FAIL) == 2
+    assert all("worker exploded" in t.user_attrs[FAIL_REASON] for t in study.trials if t.state.name == "FAIL")
+    # a sweep killed mid-trial leaves RUNNING trials: they are marked FAIL and their points rerun
+    study.enqueue_trial({"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0})
+    study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()})
+    again = open_study("s", storage, space)
+    pending = pending_points(again, space)
+    assert sorted(p["tau_advantage"] for p in pending) == [1.0, 2.0] and all(p["staleness"] == 1 for p in pending)
+    assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in again.trials)
+
+
+def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
+    from flows.sweep_job import run_sweep
+    from infra.checkpoints import save_checkpoint
+    from copc_core.warmstart import warm_start_key
+
+    base = tiny_config()
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    space = tiny_space()
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
+    assert len([o for o in first["outcomes"] if o["state"] == "COMPLETE"]) == 4
+    client = MlflowClient(tracking)
+    exp = client.get_experiment_by_name("copc")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first['parent_run_id']}'")
+    assert len(children) == 4
+    run = children[0]
+    assert run.data.params["method.name"] == "copc" and "train.staleness" in run.data.params
+    assert run.data.tags["config_hash"] and "summary/final_accuracy" in run.data.metrics
+    ess = client.get_metric_history(run.info.run_id, "correction/ess")
+    assert [m.step for m in sorted(ess, key=lambda m: m.step)] == [1, 2]
+    assert "config.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    study = optuna.load_study(study_name="t", storage=first["storage"])
+    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
+    second = run_sweep(space, "t", base, tmp_path, tracking=tracking)
+    assert second["outcomes"] == [] and second["parent_run_id"] == first["parent_run_id"]
+    assert len(optuna.load_study(study_name="t", storage=first["storage"]).trials) == 4
