@@ -86,23 +86,9 @@ class Problem:
 
     @property
     def answer(self) -> int:
-        """Value with the usual precedence (* before + and −)."""
-        return _evaluate(list(self.operands), self.ops)
-
-
-def _evaluate(values: list[int], ops: str) -> int:
-    # reduce the multiplications first, then left to right
-    vals, rest = [values[0]], []
-    for op, x in zip(ops, values[1:]):
-        if op == "*":
-            vals[-1] = vals[-1] * x
-        else:
-            rest.append(op)
-            vals.append(x)
-    total = vals[0]
-    for op, x in zip(rest, vals[1:]):
-        total = total + x if op == "+" else total - x
-    return total
+        """Value with the usual precedence (* before + and −): the last result of the correct plan."""
+        calls = tool_call_plan(self, left_to_right=False)
+        return calls[-1][1] if calls else self.operands[0]
 
 
 def make_problems(n: int, operand_digits: tuple[int, ...], ops: str, seed: int) -> list[Problem]:

@@ -103,3 +103,39 @@ def test_waits_time_out_with_a_clear_error(tiny_warm_state):
             rt.run()
     finally:
         rt.shutdown()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_restores_weights_history_and_counters(tiny_warm_state):
+    cfg = tiny_config(method="copc", staleness=1, steps=5)
+    straight = RayTrainer(cfg, tiny_warm_state, HALF)
+    try:
+        straight.run()
+    finally:
+        straight.shutdown()
+    first = RayTrainer(cfg, tiny_warm_state, HALF)
+
+    def stop_at_3(rt, metrics):
+        if rt.step == 3:
+            raise _Stop
+
+    try:
+        with pytest.raises(_Stop):
+            first.run(stop_at_3)
+        state = first.state_dict()
+    finally:
+        first.shutdown()
+    assert state["counters"]["episodes_consumed"] == 3 * cfg.train.batch_size
+    resumed = RayTrainer(cfg, tiny_warm_state, HALF)
+    try:
+        resumed.load_state_dict(state)
+        resumed.run()
+    finally:
+        resumed.shutdown()
+    assert strip_times(resumed.history) == strip_times(straight.history)
+    assert resumed.evals == straight.evals
+    assert resumed.counters.episodes_consumed == straight.counters.episodes_consumed == 5 * cfg.train.batch_size
+    assert resumed.counters.lag_histogram == straight.counters.lag_histogram
