@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 from typing import Optional
@@ -150,18 +151,47 @@ def sweep(
         space.run_config(base, space.grid()[0])
     except ValidationError as err:
         _fail(_validation_message(err))
-    from flows.sweep_job import grid_table, run_sweep
+    # without PREFECT_API_URL, Prefect starts a temporary local server; a first start migrates its
+    # database, which takes longer than Prefect's default 20 s allowance on a small machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    from flows.prefect_flows import SweepParams, copc_sweep
+
+    result = copc_sweep(SweepParams(name=name, space=space, base=base, storage=storage, tracking_uri=tracking_uri,
+                                    sampler=sampler))
+    typer.echo(result["table"])
+    if result["best_params"] is not None:
+        typer.echo(f"best: {result['best_params']} → {result['best_value']:.3f}")
+    typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
+               f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else ""))
+    typer.echo("HTML report: not built yet (reports issue)")
+
+
+@app.command()
+def serve() -> None:
+    """Register the copc-train / copc-sweep / copc-report deployments and serve them (needs a Prefect
+    server: `copc up`, then PREFECT_API_URL=http://127.0.0.1:4200/api)."""
+    from prefect import serve as prefect_serve
+
+    from flows.prefect_flows import deployments
+
+    prefect_serve(*deployments())
+
+
+@app.command()
+def up(
+    prefect_port: int = typer.Option(4200, help="Prefect server port"),
+    mlflow_port: int = typer.Option(5000, help="MLflow server port"),
+    host: str = typer.Option("127.0.0.1", help="bind address (loopback unless you say otherwise)"),
+) -> None:
+    """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C."""
+    from infra.local_stack import LocalStack
     from infra.settings import data_dir
 
-    result = run_sweep(space, name, base, data_dir(), storage, tracking_uri, sampler)
-    typer.echo(grid_table(result["study"], space))
-    best = result["best"]
-    if best is not None:
-        typer.echo(f"best: {best.params} → {best.value:.3f}")
-    failed = [o for o in result["outcomes"] if o["state"] == "FAIL"]
-    typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
-               f"in {result['tracking_uri']}" + (f"; {len(failed)} trial(s) FAILED" if failed else ""))
-    typer.echo("HTML report: not built yet (reports issue)")
+    with LocalStack(data_dir(), host, prefect_port, mlflow_port) as stack:
+        typer.echo(f"Prefect UI and API: {stack.prefect_url}   (export PREFECT_API_URL={stack.prefect_url}/api)")
+        typer.echo(f"MLflow UI:          {stack.mlflow_url}   (export MLFLOW_TRACKING_URI={stack.mlflow_url})")
+        typer.echo("Ctrl-C stops both.")
+        stack.wait()
 
 
 if __name__ == "__main__":

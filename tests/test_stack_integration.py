@@ -1,0 +1,110 @@
+"""A real Prefect server and a real MLflow server on loopback; a deployment triggered through
+Prefect's API runs a sweep; the runs are checked in MLflow and the trials in Optuna."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from infra.local_stack import LocalStack, ServerDownError, wait_healthy
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
+    with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
+        env = dict(os.environ, PREFECT_API_URL=f"{stack.prefect_url}/api", MLFLOW_TRACKING_URI=stack.mlflow_url,
+                   COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect-client"))
+        server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve"], cwd=ROOT, env=env,
+                                  stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT)
+        try:
+            params = {"params": {"name": "it", "data_dir": str(tmp_path), "base": tiny_config().model_dump(mode="json"),
+                                 "space": {"tau_policy": [2.0], "tau_advantage": [1.0, 2.0], "staleness": [1],
+                                           "seeds": [0], "steps": 2}}}
+            trigger = textwrap.dedent(f"""
+                import json, time
+                from prefect.deployments import run_deployment
+                from prefect.client.orchestration import get_client
+                deadline = time.time() + 180
+                while True:  # wait until `copc serve` has registered the deployment
+                    try:
+                        with get_client(sync_client=True) as c:
+                            c.read_deployment_by_name("copc-sweep/embedded")
+                        break
+                    except Exception:
+                        if time.time() > deadline:
+                            raise
+                        time.sleep(1)
+                run = run_deployment("copc-sweep/embedded", parameters=json.loads({json.dumps(json.dumps(params))}),
+                                     timeout=600)
+                print("STATE", run.state.type.value)
+            """)
+            out = subprocess.run([sys.executable, "-c", trigger], cwd=ROOT, env=env, capture_output=True, text=True,
+                                 timeout=900)
+            assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
+            assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        client = MlflowClient(stack.mlflow_url)
+        exp = client.get_experiment_by_name("copc")
+        parent = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'sweep'")
+        children = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'trial'")
+        assert len(parent) == 1 and len(children) == 2
+        assert all(c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for c in children)
+        assert all("summary/final_accuracy" in c.data.metrics for c in children)
+        study = optuna.load_study(study_name="it", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+        assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
+
+
+def test_a_server_that_is_down_gives_a_clear_error():
+    port = free_port()
+    with pytest.raises(ServerDownError, match=f"did not answer at http://127.0.0.1:{port}/health within 2 s"):
+        wait_healthy(f"http://127.0.0.1:{port}/health", 2, "MLflow server")
+
+
+def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path):
+    import signal
+    import urllib.request
+
+    pp, mp = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
+                            cwd=ROOT, env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.time() + 300
+        while not any("Ctrl-C" in line for line in lines) and time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        text = "".join(lines)
+        assert f"http://127.0.0.1:{pp}" in text and f"http://127.0.0.1:{mp}" in text, text
+        for url in (f"http://127.0.0.1:{pp}/api/health", f"http://127.0.0.1:{mp}/health"):
+            with urllib.request.urlopen(url, timeout=5) as r:
+                assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0
+        for port in (pp, mp):
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+    finally:
+        if proc.poll() is None:
+            proc.kill()
