@@ -42,25 +42,24 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
     init_ray(num_cpus=os.cpu_count())
 
-    def run_points(params_list: list[dict[str, Any]]) -> list[dict | BaseException]:
+    def run_points(params_list: list[dict[str, Any]], on_result) -> None:
         configs = [space.run_config(base, p) for p in params_list]
         bar = tqdm(total=len(configs), desc="trials", unit="run", file=sys.stderr)
 
-        def done(i: int, result) -> None:
-            bar.update(1)
-            if not isinstance(result, BaseException):
-                bar.set_postfix(last=f"k={params_list[i]['staleness']} acc={result['summary']['final_accuracy']:.2f}")
-
-        results = run_trials(configs, cache, done)
-        bar.close()
-        for p, cfg, result in zip(params_list, configs, results):
+        def done(i: int, result) -> None:  # track in MLflow, then tell Optuna: as each trial ends
+            p = params_list[i]
             run_name = f"{space.method} tp={p['tau_policy']:g} ta={p['tau_advantage']:g} k={p['staleness']} s={p['seed']}"
             if isinstance(result, BaseException):
                 tracker.log_failed_trial(parent, name, run_name, f"{type(result).__name__}: {result}")
             else:
-                result["mlflow_run_id"] = tracker.log_trial(parent, name, run_name, cfg, result["summary"],
+                result["mlflow_run_id"] = tracker.log_trial(parent, name, run_name, configs[i], result["summary"],
                                                             result["history"], result["evals"])
-        return results
+                bar.set_postfix(last=f"k={p['staleness']} acc={result['summary']['final_accuracy']:.2f}")
+            on_result(i, result)
+            bar.update(1)
+
+        run_trials(configs, cache, done)
+        bar.close()
 
     outcomes = run_study(study, space, points, run_points) if points else []
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]

@@ -39,23 +39,28 @@ def pending_points(study: optuna.Study, space: SweepSpace) -> list[dict[str, Any
 
 
 def run_study(study: optuna.Study, space: SweepSpace, points: list[dict[str, Any]],
-              run_points: Callable[[list[dict[str, Any]]], list[dict[str, Any] | BaseException]]) -> list[dict]:
-    """Ask one trial per point, run them (in parallel, by `run_points`), tell each result or failure."""
+              run_points: Callable[[list[dict[str, Any]], Callable[[int, Any], None]], None]) -> list[dict]:
+    """Ask one trial per point and run them (in parallel, by `run_points`); each trial is told the
+    moment its run ends (`on_result(i, result_or_exception)`), so a sweep killed midway keeps every
+    finished trial."""
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()}
     trials = []
     for p in points:
         study.enqueue_trial(p, skip_if_exists=False)
         trials.append(study.ask(distributions))
-    results = run_points([t.params for t in trials])
-    out = []
-    for trial, result in zip(trials, results):
+    out: list[dict] = [{} for _ in trials]
+
+    def on_result(i: int, result: Any) -> None:
+        trial = trials[i]
         if isinstance(result, BaseException):
             trial.set_user_attr(FAIL_REASON, f"{type(result).__name__}: {result}")
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            out.append({"params": trial.params, "state": "FAIL", "reason": str(result)})
-            continue
+            out[i] = {"params": trial.params, "state": "FAIL", "reason": str(result)}
+            return
         value = objective_value(result["summary"], space.objective, space.collapse_penalty)
         trial.set_user_attr("mlflow_run_id", result.get("mlflow_run_id", ""))
         study.tell(trial, value)
-        out.append({"params": trial.params, "state": "COMPLETE", "value": value, **result})
+        out[i] = {"params": trial.params, "state": "COMPLETE", "value": value, **result}
+
+    run_points([t.params for t in trials], on_result)
     return out

@@ -44,10 +44,10 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
     space = tiny_space()
     study = open_study("s", storage, space)
 
-    def half_fail(params_list):
-        return [RuntimeError("worker exploded") if p["staleness"] == 1 else
-                {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5, "collapsed": False}}
-                for p in params_list]
+    def half_fail(params_list, on_result):
+        for i, p in enumerate(params_list):
+            on_result(i, RuntimeError("worker exploded") if p["staleness"] == 1 else
+                      {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5, "collapsed": False}})
 
     run_study(study, space, pending_points(study, space), half_fail)
     states = [t.state for t in study.trials]
@@ -88,3 +88,48 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     second = run_sweep(space, "t", base, tmp_path, tracking=tracking)
     assert second["outcomes"] == [] and second["parent_run_id"] == first["parent_run_id"]
     assert len(optuna.load_study(study_name="t", storage=first["storage"]).trials) == 4
+
+
+def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from copc_core.warmstart import warm_start_key
+    from infra.checkpoints import save_checkpoint
+
+    base = tiny_config(steps=30)
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    (tmp_path / "base.json").write_text(base.model_dump_json())
+    (tmp_path / "space.json").write_text(tiny_space(steps=30).model_dump_json())
+    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
+    cmd = [sys.executable, "-m", "flows.cli", "sweep", "--name", "kill", "--space", str(tmp_path / "space.json"),
+           "--config", str(tmp_path / "base.json")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+
+    def complete():
+        try:
+            return [t for t in optuna.load_study(study_name="kill", storage=storage).trials if t.state.name == "COMPLETE"]
+        except Exception:  # study not created yet
+            return []
+
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not complete() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.number: t.params for t in complete()}
+    assert 1 <= len(before) < 4, "the kill must land mid-sweep"
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"{len(before)} already finished, {4 - len(before)} to run" in out.stderr
+    study = optuna.load_study(study_name="kill", storage=storage)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4
+    assert all(study.trials[n].state.name == "COMPLETE" for n in before)  # the finished ones were kept, not redone
+    assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in study.trials)
