@@ -170,6 +170,7 @@ class RayTrainer:
         self.evals: list[dict[str, float]] = []
         self.counters = Counters()
         self.non_finite_step: int | None = None
+        self._eta = 0  # bounded-staleness η of a run_bounded run (versions older than step − η are dropped)
         self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
 
     # ---- plumbing ----
@@ -229,8 +230,6 @@ class RayTrainer:
         if self.step % self.config.train.eval_every == 0 or self.step == self.config.train.steps:
             self._evaluate()
         return True
-
-    _eta = 0
 
     # ---- controlled lag k ----
 
