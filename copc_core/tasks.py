@@ -106,16 +106,20 @@ def make_problems(n: int, operand_digits: tuple[int, ...], ops: str, seed: int) 
 # ---- demonstrations for the warm start ----
 
 
+def _fold_calls(acc: int, steps: list[tuple[str, int]], calls: list[tuple[str, int]]) -> None:
+    """Append one call per (op, x), left to right, each on the previous result."""
+    for op, x in steps:
+        res = _OPS[op](acc, x)
+        calls.append((f"{acc}{op}{x}", res))
+        acc = res
+
+
 def tool_call_plan(problem: Problem, left_to_right: bool) -> list[tuple[str, int]]:
     """Calls (text, result) that compute the answer with precedence, or naively left to right."""
     values, ops = list(problem.operands), problem.ops
-    calls = []
+    calls: list[tuple[str, int]] = []
     if left_to_right:
-        acc = values[0]
-        for op, x in zip(ops, values[1:]):
-            res = _OPS[op](acc, x)
-            calls.append((f"{acc}{op}{x}", res))
-            acc = res
+        _fold_calls(values[0], list(zip(ops, values[1:])), calls)
         return calls
     # precedence: multiplications first (left to right), then additions/subtractions
     vals, pending = [values[0]], []
@@ -127,11 +131,7 @@ def tool_call_plan(problem: Problem, left_to_right: bool) -> list[tuple[str, int
         else:
             pending.append(op)
             vals.append(x)
-    acc = vals[0]
-    for op, x in zip(pending, vals[1:]):
-        res = _OPS[op](acc, x)
-        calls.append((f"{acc}{op}{x}", res))
-        acc = res
+    _fold_calls(vals[0], list(zip(pending, vals[1:])), calls)
     return calls
 
 
