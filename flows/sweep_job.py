@@ -22,7 +22,7 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     from infra.tracking import Tracker, tracking_uri
 
     storage = storage or f"sqlite:///{data / 'optuna.db'}"
-    tracker = Tracker(tracking_uri(data, tracking))
+    tracker = Tracker(tracking_uri(data, tracking), artifact_dir=data / "mlartifacts")
     cache = data / "cache"
     bars: list = []
 

@@ -46,12 +46,14 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str = "copc"):
+    def __init__(self, uri: str, experiment: str = "copc", artifact_dir: pathlib.Path | None = None):
+        """`artifact_dir` places a new experiment's artifacts (local stores); a server decides its own."""
         self.uri = uri
         mlflow.set_tracking_uri(uri)
         self.client = MlflowClient(uri)
         found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        location = pathlib.Path(artifact_dir).resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment, location)
 
     def parent_run(self, sweep_name: str, params: dict[str, Any]) -> str:
         """The sweep's parent run id (reused when the sweep is resumed)."""
