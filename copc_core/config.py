@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -189,7 +188,3 @@ def with_overrides(config: M, overrides: dict[str, Any]) -> M:
             raise KeyError(f"no config field {leaf!r} in {dotted!r}; fields: {', '.join(node)}")
         node[leaf] = value
     return type(config).model_validate(data)
-
-
-def is_infinite(x: float | None) -> bool:
-    return x is not None and math.isinf(x)

@@ -31,9 +31,7 @@ def train_in_process(
     `summary.json`.
     """
     configure_torch_threads(config.train.torch_threads)
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    run_dir = _start_run_dir(config, run_dir)
     warm = cached_warm_start(config, cache_dir, on_warm_start)
     trainer = Trainer(config, warm)
     checkpoint = run_dir / CHECKPOINT
@@ -48,9 +46,20 @@ def train_in_process(
 
     summary = trainer.run(step_hook)
     save_checkpoint(checkpoint, trainer.state_dict())
-    (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
-    (run_dir / "history.json").write_text(json.dumps({"steps": trainer.history, "evals": trainer.evals}))
+    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals)
     return summary
+
+
+def _start_run_dir(config: RunConfig, run_dir: pathlib.Path) -> pathlib.Path:
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    return run_dir
+
+
+def _finish_run_dir(run_dir: pathlib.Path, summary: RunSummary, history: list, evals: list) -> None:
+    (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
+    (run_dir / "history.json").write_text(json.dumps({"steps": history, "evals": evals}))
 
 
 def train_on_ray(
@@ -65,9 +74,7 @@ def train_on_ray(
     """Train `config` with the Ray runtime (local Ray, or the cluster at `address`); same files as in-process."""
     from infra.ray_runtime import RayResources, RayTrainer, init_ray
 
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    run_dir = _start_run_dir(config, run_dir)
     warm = cached_warm_start(config, cache_dir, on_warm_start)
     init_ray(address)
     trainer = RayTrainer(config, warm, RayResources(torch_threads=config.train.torch_threads))
@@ -79,6 +86,5 @@ def train_on_ray(
         save_checkpoint(checkpoint, trainer.state_dict())
     finally:
         trainer.shutdown()
-    (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
-    (run_dir / "history.json").write_text(json.dumps({"steps": trainer.history, "evals": trainer.evals}))
+    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals)
     return summary
