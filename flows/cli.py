@@ -163,7 +163,38 @@ def sweep(
         typer.echo(f"best: {result['best_params']} → {result['best_value']:.3f}")
     typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
                f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else ""))
-    typer.echo("HTML report: not built yet (reports issue)")
+    typer.echo(f"HTML report: {result['report']}")
+
+
+@app.command()
+def report(
+    sweep: list[str] = typer.Option(["embedded-default"], "--sweep", help="sweep name (repeat for several)"),
+    out: Optional[pathlib.Path] = typer.Option(None, help="HTML file (default: <data>/reports/<sweep>.html)"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI "
+                                                            "or SQLite under the data folder)"),
+    mlflow_ui: Optional[str] = typer.Option(None, help="MLflow UI base URL for run links (default: the tracking "
+                                                         "server, or http://127.0.0.1:5000 as `copc up` serves)"),
+    baseline: str = typer.Option("async_ppo", help="method the learner-time ratio is taken against"),
+) -> None:
+    """Build the HTML report of one or more sweeps from MLflow (runs through the copc-report flow)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    from flows.prefect_flows import ReportParams
+
+    try:
+        params = ReportParams(sweeps=sweep, out=str(out) if out else None, tracking_uri=tracking_uri,
+                              mlflow_ui=mlflow_ui, baseline=baseline)
+    except ValidationError as err:
+        _fail(_validation_message(err))
+    from infra.settings import data_dir
+    from infra.tracking import read_sweeps, tracking_uri as default_uri
+
+    try:  # fail before Prefect starts when there is nothing to report
+        read_sweeps(default_uri(data_dir(), tracking_uri), params.sweeps, [])
+    except LookupError as err:
+        _fail(str(err))
+    from flows.prefect_flows import copc_report
+
+    typer.echo(f"HTML report: {copc_report(params)['path']}")
 
 
 @app.command()

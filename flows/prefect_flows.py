@@ -40,8 +40,11 @@ class SweepParams(BaseModel):
 class ReportParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sweep: str = "embedded-default"
+    sweeps: list[str] = Field(default_factory=lambda: ["embedded-default"], min_length=1)
+    out: Optional[str] = Field(None, description="HTML file (default: <data>/reports/<sweeps>.html)")
     tracking_uri: Optional[str] = None
+    mlflow_ui: Optional[str] = Field(None, description="base URL of the MLflow UI for run links")
+    baseline: str = Field("async_ppo", description="method the learner-time ratio is taken against")
     data_dir: Optional[str] = None
 
 
@@ -90,25 +93,32 @@ def copc_sweep(params: SweepParams) -> dict:
                      f"\n\nMLflow `{result['tracking_uri']}`, parent run `{result['parent_run_id']}`; Optuna "
                      f"`{result['storage']}`\n\n| params | state | value | MLflow run |\n|---|---|---|---|\n" + "\n".join(runs),
                      "joint sweep")
+    report = copc_report(ReportParams(sweeps=[params.name], tracking_uri=result["tracking_uri"],
+                                      data_dir=params.data_dir))
     return {"parent_run_id": result["parent_run_id"], "trials": len(result["outcomes"]), "table": table,
+            "report": report["path"],
             "failed": sum(o["state"] == "FAIL" for o in result["outcomes"]), "storage": result["storage"],
             "tracking_uri": result["tracking_uri"],
             "best_value": best.value if best else None, "best_params": best.params if best else None}
 
 
 @flow(name="copc-report")
-def copc_report(params: ReportParams) -> list[dict]:
-    """Lists the sweep's trial runs (the HTML report comes with the reports issue)."""
-    from infra.tracking import Tracker, tracking_uri
+def copc_report(params: ReportParams) -> dict:
+    """One self-contained HTML report of the named sweeps, read from MLflow and logged to each
+    sweep's parent run; returns its path."""
+    import re
 
-    tracker = Tracker(tracking_uri(_data(params.data_dir), params.tracking_uri))
-    runs = tracker.client.search_runs([tracker.experiment_id],
-                                      f"tags.copc_sweep = '{params.sweep}' and tags.copc_kind = 'trial'")
-    rows = [{"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status,
-             "final_accuracy": r.data.metrics.get("summary/final_accuracy")} for r in runs]
-    publish_markdown("copc-report", "| run | name | status | final accuracy |\n|---|---|---|---|\n" + "\n".join(
-        f"| {r['run_id']} | {r['name']} | {r['status']} | {r['final_accuracy']} |" for r in rows), "sweep runs")
-    return rows
+    from infra.tracking import tracking_uri
+    from reports.build import build_report
+
+    data = _data(params.data_dir)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", "+".join(params.sweeps))[:120]
+    out = pathlib.Path(params.out) if params.out else data / "reports" / f"{slug}.html"
+    path = build_report(tracking_uri(data, params.tracking_uri), params.sweeps, out, params.mlflow_ui, params.baseline)
+    get_run_logger().info("report written to %s", path)
+    publish_markdown("copc-report", f"### Report of {', '.join(params.sweeps)}\n\nfile: `{path}` "
+                     "(also an artifact `report/` of each sweep's parent run in MLflow)", "sweep report")
+    return {"path": str(path)}
 
 
 DEPLOYMENT = "embedded"

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from copc_core.config import RunConfig
-from sweeps.space import SweepSpace
+from sweeps.space import SweepSpace, objective_value
 from sweeps.study import open_study, pending_points, run_study
 
 
@@ -50,10 +50,12 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
             p = params_list[i]
             run_name = f"{space.method} tp={p['tau_policy']:g} ta={p['tau_advantage']:g} k={p['staleness']} s={p['seed']}"
             if isinstance(result, BaseException):
-                tracker.log_failed_trial(parent, name, run_name, f"{type(result).__name__}: {result}")
+                tracker.log_failed_trial(parent, name, run_name, f"{type(result).__name__}: {result}", configs[i])
             else:
+                score = objective_value(result["summary"], space.objective, space.collapse_penalty)
                 result["mlflow_run_id"] = tracker.log_trial(parent, name, run_name, configs[i], result["summary"],
-                                                            result["history"], result["evals"])
+                                                            result["history"], result["evals"], score,
+                                                            runtime="inprocess (one Ray task per trial)")
                 bar.set_postfix(last=f"k={p['staleness']} acc={result['summary']['final_accuracy']:.2f}")
             on_result(i, result)
             bar.update(1)

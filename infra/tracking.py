@@ -13,13 +13,14 @@ import os
 import pathlib
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from copc_core.config import RunConfig
+if TYPE_CHECKING:  # only for annotations: the reports read runs through this module and import no torch
+    from copc_core.config import RunConfig
 
 _BATCH = 900  # MLflow accepts up to 1000 metrics per log_batch call
 _KEY = re.compile(r"[^A-Za-z0-9_\-./ ]")
@@ -66,11 +67,21 @@ class Tracker:
         return run.info.run_id
 
     def log_trial(self, parent_id: str, sweep_name: str, run_name: str, config: RunConfig, summary: dict[str, Any],
-                  history: list[dict[str, float]], evals: list[dict[str, float]]) -> str:
-        """One child run with everything the reports read; returns its run id."""
+                  history: list[dict[str, float]], evals: list[dict[str, float]], objective: float | None = None,
+                  runtime: str = "inprocess") -> str:
+        """One child run with everything the reports read; returns its run id.
+
+        Besides the numeric summary fields (`summary/*`), the early-warning step lists go in as counts
+        (`summary/ess_drop_count`, `summary/grad_spike_count`) and as tags, the sweep's objective as
+        `summary/objective`, the runner as the `runtime` tag.
+        """
+        warnings = {"ess_drop_steps": summary.get("ess_drop_steps") or [],
+                    "grad_norm_spike_steps": summary.get("grad_norm_spike_steps") or []}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
             "mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial",
-            "config_hash": config.config_hash(), "method": config.method.name})
+            "config_hash": config.config_hash(), "method": config.method.name, "runtime": runtime,
+            "collapse_reason": str(summary.get("collapse_reason")),
+            **{k: json.dumps(v)[:5000] for k, v in warnings.items()}})
         run_id = run.info.run_id
         params = [Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()]
         self.client.log_batch(run_id, params=params)
@@ -80,14 +91,25 @@ class Tracker:
                    for rec in history + evals for k, v in rec.items() if k != "step"]
         metrics += [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.items()
                     if isinstance(v, (int, float, bool)) and v is not None]
+        metrics += [Metric("summary/ess_drop_count", float(len(warnings["ess_drop_steps"])), now, 0),
+                    Metric("summary/grad_spike_count", float(len(warnings["grad_norm_spike_steps"])), now, 0)]
+        if objective is not None:
+            metrics.append(Metric("summary/objective", float(objective), now, 0))
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
         self.client.set_terminated(run_id, "FAILED" if summary.get("collapsed") and summary.get("collapse_reason") == "non_finite" else "FINISHED")
         return run_id
 
-    def log_failed_trial(self, parent_id: str, sweep_name: str, run_name: str, reason: str) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
-            "mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial", "fail_reason": reason[:5000]})
+    def log_failed_trial(self, parent_id: str, sweep_name: str, run_name: str, reason: str,
+                         config: RunConfig | None = None) -> str:
+        """A trial that raised: its config as params (so reports place it in the grid) and the reason."""
+        tags = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial", "fail_reason": reason[:5000]}
+        if config is not None:
+            tags |= {"config_hash": config.config_hash(), "method": config.method.name}
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        if config is not None:
+            self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v) for k, v in
+                                                           flatten(config.model_dump(mode="json")).items()])
         self.client.set_terminated(run.info.run_id, "FAILED")
         return run.info.run_id
 
@@ -95,3 +117,43 @@ class Tracker:
         now = int(time.time() * 1000)
         self.client.log_batch(parent_id, metrics=[Metric(sanitize_key(k), float(v), now, 0) for k, v in metrics.items()])
         self.client.set_terminated(parent_id, "FINISHED")
+
+    def log_report(self, parent_id: str, path: pathlib.Path) -> None:
+        """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
+        self.client.log_artifact(parent_id, str(path), "report")
+
+
+def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment: str = "copc") -> dict[str, Any]:
+    """Everything the reports need about some sweeps, as plain data (no MLflow objects escape).
+
+    Returns {"experiment_id", "parents": [{run_id, sweep, status, params}], "trials": [{run_id,
+    run_name, status, sweep, params, tags, metrics, history: {key: [(step, value), ...]}}]}.
+    Reads only; raises LookupError naming what is missing (no experiment, no such sweep).
+    """
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise LookupError(f"no MLflow experiment {experiment!r} in {uri}: run a sweep first")
+    exp = found.experiment_id
+    parents, trials = [], []
+    for sweep in sweeps:
+        quoted = sweep.replace("'", "\\'")
+        runs = client.search_runs([exp], f"tags.copc_sweep = '{quoted}'", max_results=50_000)
+        sweep_parents = [r for r in runs if r.data.tags.get("copc_kind") == "sweep"]
+        if not sweep_parents:
+            known = sorted({r.data.tags.get("copc_sweep") for r in client.search_runs([exp], "tags.copc_kind = 'sweep'")})
+            raise LookupError(f"no sweep named {sweep!r} in {uri} (known: {', '.join(map(str, known)) or 'none'})")
+        parents += [{"run_id": r.info.run_id, "sweep": sweep, "status": r.info.status, "params": dict(r.data.params)}
+                    for r in sweep_parents]
+        for r in runs:
+            if r.data.tags.get("copc_kind") != "trial":
+                continue
+            history = {}
+            for key in history_keys:
+                if key in r.data.metrics:
+                    points = client.get_metric_history(r.info.run_id, key)
+                    history[key] = sorted((int(m.step), float(m.value)) for m in points)
+            trials.append({"run_id": r.info.run_id, "run_name": r.info.run_name or "", "status": r.info.status,
+                           "sweep": sweep, "params": dict(r.data.params), "tags": dict(r.data.tags),
+                           "metrics": dict(r.data.metrics), "history": history})
+    return {"experiment_id": exp, "parents": parents, "trials": trials}

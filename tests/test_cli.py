@@ -66,3 +66,10 @@ def test_tiny_run_on_the_ray_runtime(tmp_path):
 def test_unknown_runtime_is_rejected(tmp_path):
     out = copc("train", "--runtime", "spark", data_dir=tmp_path)
     assert out.returncode == 2 and "--runtime must be inprocess or ray" in out.stderr
+
+
+def test_report_of_an_unknown_sweep_exits_2_naming_it(tmp_path):
+    out = copc("report", "--sweep", "nope", data_dir=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no MLflow experiment 'copc'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "reports").exists()

@@ -1,6 +1,7 @@
 """Sweeps on a real Optuna SQLite storage and a real MLflow SQLite store (no mocks)."""
 
 import math
+import pathlib
 
 import optuna
 import pytest
@@ -89,6 +90,24 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     assert second["outcomes"] == [] and second["parent_run_id"] == first["parent_run_id"]
     assert len(optuna.load_study(study_name="t", storage=first["storage"]).trials) == 4
 
+    # the report reads these real runs back from MLflow and is attached to the parent run
+    from infra.tracking import read_sweeps
+    from reports.build import build_report
+    from reports.frames import HISTORY_KEYS, runs_frame
+
+    found = read_sweeps(tracking, ["t"], HISTORY_KEYS)
+    runs = runs_frame(found["trials"], found["experiment_id"], "http://ui")
+    assert len(runs) == 4 and runs["scored"].all()
+    by_id = {t.user_attrs["mlflow_run_id"]: t.value for t in study.trials}
+    assert {r.run_id: r.objective for r in runs.itertuples()} == pytest.approx(by_id)  # what Optuna was told
+    assert sorted(found["trials"][0]["history"]["eval/accuracy"])[0][0] == 0
+    out = build_report(tracking, ["t"], tmp_path / "report.html")
+    page = out.read_text()
+    assert page.count('class="plotly-graph-div"') >= 6 and 'id="summary"' in page
+    assert [a.path for a in client.list_artifacts(first["parent_run_id"], "report")] == ["report/report.html"]
+    with pytest.raises(LookupError, match="no sweep named 'nope'.*known: t"):
+        read_sweeps(tracking, ["nope"], [])
+
 
 def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state):
     import os
@@ -128,6 +147,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"{len(before)} already finished, {4 - len(before)} to run" in out.stderr
+    report = pathlib.Path(out.stdout.split("HTML report: ")[1].split()[0])  # the CLI ends with the report's path
+    assert report.is_file() and report.parent == tmp_path / "reports" and "plotly-graph-div" in report.read_text()
     study = optuna.load_study(study_name="kill", storage=storage)
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4

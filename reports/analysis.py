@@ -1,0 +1,198 @@
+"""Coupling and stability analysis over the runs frame (pure functions of frames, no I/O).
+
+Cells are (method, staleness k, τ_p, τ_a); a cell's value is the mean objective over its seeds.
+Uncertainty comes from a percentile bootstrap over seeds, each cell resampled independently (runs
+are independent training processes); cells with fewer than two seeds get no interval (NaN).
+
+Coupling. For τ_p levels i < j and τ_a levels a < b, the effect of moving τ_p from i to j is
+E_a = Y(j, a) − Y(i, a) at τ_a = a and E_b at τ_a = b; the interaction contrast is E_b − E_a
+(zero when the two parameters act additively). A *sign reversal* is E_a · E_b < 0: τ_p's effect
+changes direction with τ_a; it is *significant* when both intervals exclude zero on opposite sides.
+The interaction fraction of a full grid is ‖R‖² / ‖Y − Ȳ‖² with R the two-way interaction residual
+R_ij = Y_ij − Ȳ_i· − Ȳ_·j + Ȳ: the share of the between-cell variation that no additive model explains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+
+from reports import schema
+
+N_BOOT = 2000
+LEVEL = 0.95
+_CELL = ["method", "staleness", "tau_policy", "tau_advantage"]
+
+
+def _interval(replicates: np.ndarray | None, level: float) -> tuple[float, float]:
+    if replicates is None:
+        return math.nan, math.nan
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(replicates, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def _replicates(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Bootstrap replicates of the mean, [n_boot]; None with fewer than two values."""
+    if len(values) < 2:
+        return None
+    return values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
+
+
+def _groups(runs: pd.DataFrame) -> dict[tuple, np.ndarray]:
+    scored = runs[runs["scored"]]
+    return {key: g["objective"].to_numpy(float) for key, g in scored.groupby(_CELL, sort=True)}
+
+
+def _all_replicates(groups: dict[tuple, np.ndarray], n_boot: int, seed: int) -> dict[tuple, np.ndarray | None]:
+    rng = np.random.default_rng(seed)
+    return {key: _replicates(values, n_boot, rng) for key, values in sorted(groups.items())}
+
+
+def cell_stats(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
+    scored = runs[runs["scored"]]
+    if scored.empty:
+        return schema.empty(schema.CELLS)
+    groups = _groups(runs)
+    reps = _all_replicates(groups, n_boot, seed)
+    rows = []
+    for key, g in scored.groupby(_CELL, sort=True):
+        values = groups[key]
+        low, high = _interval(reps[key], level)
+        rows.append(dict(zip(_CELL, key)) | {
+            "n": len(values), "mean": float(values.mean()),
+            "sd": float(values.std(ddof=1)) if len(values) > 1 else math.nan, "ci_low": low, "ci_high": high,
+            "collapse_rate": float(g["collapsed"].mean()), "final_mean": float(g["final_accuracy"].mean()),
+            "peak_mean": float(g["peak_accuracy"].mean())})
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n": "int64"})
+    return schema.validate(frame, schema.CELLS, "cells")
+
+
+def _grids(groups: dict[tuple, np.ndarray]):
+    """Per (method, k): the sorted τ_p and τ_a levels present."""
+    by: dict[tuple, list[tuple[float, float]]] = {}
+    for method, k, tp, ta in groups:
+        by.setdefault((method, k), []).append((tp, ta))
+    for (method, k), cells in sorted(by.items()):
+        yield method, k, sorted({c[0] for c in cells}), sorted({c[1] for c in cells})
+
+
+def coupling(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
+    """Every 2×2 sub-grid (τ_p i < j) × (τ_a a < b) with all four cells run: effects, contrast, reversal."""
+    groups = _groups(runs)
+    reps = _all_replicates(groups, n_boot, seed)
+    rows = []
+    for method, k, tps, tas in _grids(groups):
+        for (i, j), (a, b) in itertools.product(itertools.combinations(tps, 2), itertools.combinations(tas, 2)):
+            keys = {(p, q): (method, k, p, q) for p in (i, j) for q in (a, b)}
+            if not all(key in groups for key in keys.values()):
+                continue
+            mean = {c: groups[key].mean() for c, key in keys.items()}
+            rep = {c: reps[key] for c, key in keys.items()}
+            have = all(r is not None for r in rep.values())
+            effect_a, effect_b = mean[j, a] - mean[i, a], mean[j, b] - mean[i, b]
+            ra = rep[j, a] - rep[i, a] if have else None
+            rb = rep[j, b] - rep[i, b] if have else None
+            a_low, a_high = _interval(ra, level)
+            b_low, b_high = _interval(rb, level)
+            c_low, c_high = _interval(rb - ra if have else None, level)
+            rows.append({
+                "method": method, "staleness": k, "tau_policy_from": i, "tau_policy_to": j,
+                "tau_advantage_a": a, "tau_advantage_b": b, "n_min": min(len(groups[key]) for key in keys.values()),
+                "effect_a": float(effect_a), "effect_a_low": a_low, "effect_a_high": a_high,
+                "effect_b": float(effect_b), "effect_b_low": b_low, "effect_b_high": b_high,
+                "contrast": float(effect_b - effect_a), "contrast_low": c_low, "contrast_high": c_high,
+                "reversal": bool(effect_a * effect_b < 0),
+                "significant_reversal": bool((a_low > 0 and b_high < 0) or (a_high < 0 and b_low > 0)),
+                "significant_interaction": bool(c_low > 0 or c_high < 0),
+            })
+    if not rows:
+        return schema.empty(schema.COUPLING)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_min": "int64"})
+    return schema.validate(frame, schema.COUPLING, "coupling")
+
+
+def _fraction(table: np.ndarray) -> np.ndarray:
+    """Interaction share of between-cell variation; table [..., n_tp, n_ta] → [...] (NaN if all equal)."""
+    grand = table.mean(axis=(-2, -1), keepdims=True)
+    resid = table - table.mean(axis=-1, keepdims=True) - table.mean(axis=-2, keepdims=True) + grand
+    total = np.square(table - grand).sum(axis=(-2, -1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, np.square(resid).sum(axis=(-2, -1)) / np.where(total > 0, total, 1.0), np.nan)
+
+
+def interaction_fraction(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
+    """Per (method, k) with a complete grid of ≥ 2 × 2 levels."""
+    groups = _groups(runs)
+    reps = _all_replicates(groups, n_boot, seed)
+    rows = []
+    for method, k, tps, tas in _grids(groups):
+        keys = [[(method, k, tp, ta) for ta in tas] for tp in tps]
+        if len(tps) < 2 or len(tas) < 2 or not all(key in groups for row in keys for key in row):
+            continue
+        table = np.array([[groups[key].mean() for key in row] for row in keys])
+        have = all(reps[key] is not None for row in keys for key in row)
+        boot = np.stack([np.stack([reps[key] for key in row], -1) for row in keys], -2) if have else None
+        low, high = _interval(_fraction(boot) if have else None, level)
+        rows.append({"method": method, "staleness": k, "fraction": float(_fraction(table)),
+                     "fraction_low": low, "fraction_high": high,
+                     "n_min": min(len(groups[key]) for row in keys for key in row)})
+    if not rows:
+        return schema.empty(schema.INTERACTION)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_min": "int64"})
+    return schema.validate(frame, schema.INTERACTION, "interaction")
+
+
+def high_performing_region(cells: pd.DataFrame, within: float = 0.9) -> pd.DataFrame:
+    """Fraction of a method's cells at one k whose mean is within `within` of the best:
+    mean ≥ best − (1 − within)·|best| (i.e. ≥ 90 % of a positive best)."""
+    rows = []
+    for (method, k), g in cells.groupby(["method", "staleness"], sort=True):
+        best_row = g.loc[g["mean"].idxmax()]
+        best = float(best_row["mean"])
+        n_within = int((g["mean"] >= best - (1.0 - within) * abs(best) - 1e-12).sum())
+        rows.append({"method": method, "staleness": k, "n_cells": len(g), "n_within": n_within,
+                     "fraction": n_within / len(g), "best": best, "best_tau_policy": float(best_row["tau_policy"]),
+                     "best_tau_advantage": float(best_row["tau_advantage"])})
+    if not rows:
+        return schema.empty(schema.REGION)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_cells": "int64", "n_within": "int64"})
+    return schema.validate(frame, schema.REGION, "region")
+
+
+def method_comparison(runs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, k): all scored runs, and the method's best cell (highest mean objective)."""
+    rows = []
+    scored = runs[runs["scored"]]
+    for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
+        mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
+        best = mine.loc[mine["mean"].idxmax()]
+        rows.append({"method": method, "staleness": k, "n_runs": len(g), "collapse_rate": float(g["collapsed"].mean()),
+                     "final_mean": float(g["final_accuracy"].mean()), "peak_mean": float(g["peak_accuracy"].mean()),
+                     "best_tau_policy": float(best["tau_policy"]), "best_tau_advantage": float(best["tau_advantage"]),
+                     "best_objective": float(best["mean"]), "best_final_mean": float(best["final_mean"]),
+                     "best_peak_mean": float(best["peak_mean"]), "best_collapse_rate": float(best["collapse_rate"])})
+    if not rows:
+        return schema.empty(schema.METHODS)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_runs": "int64"})
+    return schema.validate(frame, schema.METHODS, "methods")
+
+
+def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
+    """Mean step-time breakdown per (method, k, runtime); speed-up = step time at k = 0 / step time
+    (same method and runtime); learner time relative to `baseline` at the same k and runtime."""
+    scored = runs[runs["scored"]]
+    means = (scored.groupby(["method", "staleness", "runtime"], sort=True)
+             .agg(n_runs=("run_id", "size"), rollout_s=("mean_rollout_s", "mean"), train_s=("mean_train_s", "mean"),
+                  step_s=("mean_step_s", "mean")).reset_index())
+    if means.empty:
+        return schema.empty(schema.STEP_TIMES)
+    sync = {(r.method, r.runtime): r.step_s for r in means.itertuples() if r.staleness == 0}
+    base = {(r.staleness, r.runtime): r.train_s for r in means.itertuples() if r.method == baseline}
+    means["speedup_vs_sync"] = [sync.get((r.method, r.runtime), math.nan) / r.step_s for r in means.itertuples()]
+    means["learner_vs_baseline"] = [r.train_s / base.get((r.staleness, r.runtime), math.nan) for r in means.itertuples()]
+    means = means.astype({"staleness": "int64", "n_runs": "int64"})
+    return schema.validate(means, schema.STEP_TIMES, "step_times")

@@ -1,0 +1,47 @@
+"""Build a sweep report from MLflow: read runs → frames → analysis and figures → one HTML file.
+
+The report reads MLflow only (never a training process), writes the file atomically, and attaches
+it to each sweep's parent run as the artifact `report/<file name>`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from infra.tracking import Tracker, read_sweeps
+from reports.frames import HISTORY_KEYS, curves_frame, run_url, runs_frame
+from reports.html import ReportData, render
+
+DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"  # what `copc up` serves, on the same store
+
+
+def mlflow_ui_for(tracking_uri: str, mlflow_ui: str | None = None) -> str:
+    """Where run links point: an explicit UI, else the tracking server itself, else `copc up`'s."""
+    if mlflow_ui:
+        return mlflow_ui
+    return tracking_uri if tracking_uri.startswith(("http://", "https://")) else DEFAULT_MLFLOW_UI
+
+
+def build_report(tracking_uri: str, sweeps: list[str], out: pathlib.Path, mlflow_ui: str | None = None,
+                 baseline: str = "async_ppo", log_artifact: bool = True) -> pathlib.Path:
+    if not sweeps:
+        raise ValueError("name at least one sweep")
+    found = read_sweeps(tracking_uri, sweeps, HISTORY_KEYS)
+    ui = mlflow_ui_for(tracking_uri, mlflow_ui)
+    runs = runs_frame(found["trials"], found["experiment_id"], ui)
+    data = ReportData(
+        title=f"COPC sweep report: {', '.join(sweeps)}", runs=runs, curves=curves_frame(found["trials"]),
+        sources={"MLflow": tracking_uri, "run links": ui},
+        parent_links=[(p["sweep"], run_url(ui, found["experiment_id"], p["run_id"])) for p in found["parents"]],
+        baseline=baseline)
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(data), encoding="utf-8")
+    os.replace(tmp, out)
+    if log_artifact:
+        tracker = Tracker(tracking_uri)
+        for parent in found["parents"]:
+            tracker.log_report(parent["run_id"], out)
+    return out

@@ -1,0 +1,70 @@
+"""Tidy pandas frames from trial records (the plain data `infra.tracking.read_sweeps` returns).
+
+`runs_frame`: one row per trial run (schema `RUNS`); `curves_frame`: one row per (run, metric,
+step) (schema `CURVES`). Both are validated against reports/schema.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from reports import schema
+
+# per-step metrics the report plots (learner/trainer keys, docs/ALGORITHMS.md §5)
+HISTORY_KEYS = ["eval/accuracy", "correction/ess", "correction/masked_frac", "correction/trace_clip_frac",
+                "actor/grad_norm", "staleness/mean", "time/step_s", "time/rollout_s", "time/train_s"]
+
+_SUMMARY = ["objective", "final_accuracy", "peak_accuracy", "auc_accuracy", "warm_start_accuracy",
+            "collapse_step", "ess_drop_count", "grad_spike_count", "mean_step_s", "mean_rollout_s",
+            "mean_train_s", "staleness_mean", "staleness_max"]
+
+
+def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
+    return f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _int(text: str | None) -> int:
+    value = _float(text)
+    return int(value) if math.isfinite(value) else -1
+
+
+def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str) -> pd.DataFrame:
+    rows = []
+    for t in trials:
+        p, m, tags = t["params"], t["metrics"], t["tags"]
+        objective = m.get("summary/objective", math.nan)
+        rows.append({
+            "run_id": t["run_id"], "run_name": t["run_name"], "sweep": t["sweep"], "status": t["status"],
+            "method": p.get("method.name", tags.get("method", "?")), "runtime": tags.get("runtime", "?"),
+            "tau_policy": _float(p.get("method.tau_policy")), "tau_advantage": _float(p.get("method.tau_advantage")),
+            "staleness": _int(p.get("train.staleness")), "seed": _int(p.get("train.seed")),
+            "scored": bool(math.isfinite(objective)),
+            "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
+            "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",
+            "fail_reason": tags.get("fail_reason", ""),
+            "url": run_url(mlflow_ui, experiment_id, t["run_id"]),
+            **{k: float(m.get(f"summary/{k}", math.nan)) for k in _SUMMARY},
+        })
+    if not rows:
+        return schema.empty(schema.RUNS)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "seed": "int64"})
+    frame = frame.sort_values(["sweep", "method", "staleness", "tau_policy", "tau_advantage", "seed"], kind="stable")
+    return schema.validate(frame.reset_index(drop=True), schema.RUNS, "runs")
+
+
+def curves_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = [{"run_id": t["run_id"], "metric": key, "step": int(step), "value": float(value)}
+            for t in trials for key, points in t["history"].items() for step, value in points]
+    if not rows:
+        return schema.empty(schema.CURVES)
+    return schema.validate(pd.DataFrame(rows).astype({"step": "int64"}), schema.CURVES, "curves")

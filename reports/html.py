@@ -1,0 +1,177 @@
+"""One self-contained HTML report: plotly.js inlined once, every user-given string escaped."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from reports import analysis, figures
+from reports.figures import tau
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;margin:8px 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}td.l,th.l{text-align:left}.note{color:#555;font-size:0.9em;max-width:1000px}
+.bad{color:#b00}.good{color:#070}.figure{margin:12px 0}
+"""
+
+
+@dataclass
+class ReportData:
+    """What a report shows; every frame follows its schema in reports/schema.py."""
+
+    title: str
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    sources: dict[str, str] = field(default_factory=dict)  # label → text shown in the header
+    parent_links: list[tuple[str, str]] = field(default_factory=list)  # (sweep name, MLflow URL)
+    baseline: str = "async_ppo"
+    n_boot: int = analysis.N_BOOT
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, float):
+        return tau(value) if math.isinf(value) else f"{value:.{digits}f}"
+    return html.escape(str(value))
+
+
+def _table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str] | None]], table_id: str) -> str:
+    """columns: (frame column, header, formatter returning HTML; None = escaped number/text)."""
+    head = "".join(f'<th class="l">{html.escape(h)}</th>' if i == 0 else f"<th>{html.escape(h)}</th>"
+                   for i, (_, h, _) in enumerate(columns))
+    body = []
+    for row in frame.to_dict("records"):
+        cells = []
+        for i, (col, _, fmt) in enumerate(columns):
+            text = fmt(row) if fmt else _num(row[col])
+            cells.append(f'<td class="l">{text}</td>' if i == 0 or fmt else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if not body:
+        body = [f'<tr><td class="l" colspan="{len(columns)}">none</td></tr>']
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _figure(fig: go.Figure, div_id: str) -> str:
+    return '<div class="figure">' + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                                                config={"displaylogo": False, "responsive": True}) + "</div>"
+
+
+def _link(url: str, text: str) -> str:
+    return f'<a href="{html.escape(url, quote=True)}">{html.escape(text)}</a>'
+
+
+def _summary(runs: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coupling: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (method, k), g in runs.groupby(["method", "staleness"], sort=True):
+        scored = g[g["scored"]]
+        reg = region[(region["method"] == method) & (region["staleness"] == k)]
+        itr = inter[(inter["method"] == method) & (inter["staleness"] == k)]
+        cpl = coupling[(coupling["method"] == method) & (coupling["staleness"] == k)]
+        rows.append({
+            "method": method, "staleness": k, "runs": len(g), "failed": int((~g["scored"]).sum()),
+            "collapsed": int(scored["collapsed"].sum()),
+            "best": f"τp={tau(reg.iloc[0].best_tau_policy)} τa={tau(reg.iloc[0].best_tau_advantage)}: {reg.iloc[0].best:.3f}"
+            if len(reg) else "—",
+            "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
+            "interaction": (f"{itr.iloc[0].fraction:.2f} [{_num(itr.iloc[0].fraction_low, 2)}, {_num(itr.iloc[0].fraction_high, 2)}]"
+                            if len(itr) else "—"),
+            "reversals": f"{int(cpl['significant_reversal'].sum())} significant, {int(cpl['reversal'].sum())} point / {len(cpl)}"
+            if len(cpl) else "—",
+            "seeds": int(scored.groupby(["tau_policy", "tau_advantage"])["seed"].nunique().min()) if len(scored) else 0,
+        })
+    return pd.DataFrame(rows)
+
+
+def render(data: ReportData) -> str:
+    runs, curves = data.runs, data.curves
+    cells = analysis.cell_stats(runs, data.n_boot)
+    coupling = analysis.coupling(runs, data.n_boot)
+    inter = analysis.interaction_fraction(runs, data.n_boot)
+    region = analysis.high_performing_region(cells)
+    methods = analysis.method_comparison(runs, cells)
+    times = analysis.step_times(runs, data.baseline)
+    summary = _summary(runs, region, inter, coupling)
+    esc = html.escape
+    parts = [f"<h1>{esc(data.title)}</h1>",
+             f'<p class="note">generated {datetime.datetime.now().isoformat(timespec="seconds")}; '
+             + "; ".join(f"{esc(k)}: <code>{esc(v)}</code>" for k, v in data.sources.items()) + "</p>"]
+    if data.parent_links:
+        parts.append('<p class="note">sweep parent runs in MLflow: '
+                     + ", ".join(_link(url, name) for name, url in data.parent_links) + "</p>")
+    parts += ["<h2>Summary</h2>", _table(summary, [
+        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("runs", "runs", None),
+        ("failed", "failed", None), ("collapsed", "collapsed", None), ("seeds", "seeds per cell (min)", None),
+        ("best", "best cell: objective", lambda r: esc(r["best"])),
+        ("region", "cells within 90 % of best", None),
+        ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
+        ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"]))], "summary"),
+        '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
+        "run). Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive "
+        "model in τ_p and τ_a cannot explain (0 = no coupling). Intervals: percentile bootstrap over seeds "
+        f"({data.n_boot} replicates); cells with one seed have none.</p>"]
+    if cells.empty:
+        parts.append('<p class="bad">No trial finished training: nothing to plot.</p>')
+    else:
+        parts.append("<h2>Interaction heatmaps</h2>")
+        for i, method in enumerate(sorted(cells["method"].unique())):
+            parts.append(_figure(figures.heatmaps(cells, method), f"heatmap-{i}"))
+            parts.append(_figure(figures.interaction_lines(cells, method), f"interaction-{i}"))
+        parts.append("<h2>Coupling analysis</h2>")
+        if coupling.empty:
+            parts.append('<p class="note">Needs at least two τ_p and two τ_a levels at one staleness level.</p>')
+        else:
+            parts.append(_figure(figures.contrasts(coupling), "contrasts"))
+            parts.append(_table(coupling, [
+                ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
+                ("tau_policy_from", "τ_p from", None), ("tau_policy_to", "τ_p to", None),
+                ("tau_advantage_a", "τ_a = a", None), ("tau_advantage_b", "τ_a = b", None),
+                ("effect_a", "effect at a", lambda r: f"{r['effect_a']:+.3f} [{_num(r['effect_a_low'])}, {_num(r['effect_a_high'])}]"),
+                ("effect_b", "effect at b", lambda r: f"{r['effect_b']:+.3f} [{_num(r['effect_b_low'])}, {_num(r['effect_b_high'])}]"),
+                ("contrast", "contrast", lambda r: f"{r['contrast']:+.3f} [{_num(r['contrast_low'])}, {_num(r['contrast_high'])}]"),
+                ("reversal", "reversal", lambda r: ('<b class="bad">significant</b>' if r["significant_reversal"]
+                                                    else ("point estimate" if r["reversal"] else "no")))], "coupling"))
+        parts += ["<h2>High-performing region</h2>", _figure(figures.region_bars(region), "region")]
+    parts += ["<h2>Method comparison</h2>", _table(methods, [
+        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("n_runs", "runs", None),
+        ("final_mean", "final acc (all)", None), ("peak_mean", "peak acc (all)", None),
+        ("collapse_rate", "collapse rate (all)", None), ("best_tau_policy", "best τ_p", None),
+        ("best_tau_advantage", "best τ_a", None), ("best_final_mean", "final acc (best cell)", None),
+        ("best_peak_mean", "peak acc (best cell)", None), ("best_collapse_rate", "collapse rate (best cell)", None)],
+        "methods")]
+    if not curves.empty:
+        parts += ["<h2>Learning curves</h2>", _figure(figures.learning_curves(runs, curves), "curves"),
+                  "<h2>Stability diagnostics</h2>", _figure(figures.diagnostics(runs, curves), "diagnostics")]
+    parts += ["<h2>Step time</h2>", _table(times, [
+        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
+        ("runtime", "runtime", lambda r: esc(r["runtime"])), ("n_runs", "runs", None), ("rollout_s", "rollout s", None),
+        ("train_s", "learner s", None), ("step_s", "step s", None), ("speedup_vs_sync", "speed-up vs k=0", None),
+        ("learner_vs_baseline", f"learner time / {data.baseline}", None)], "step-times"),
+        '<p class="note">Speed-up vs k = 0 compares step times of the same method and runtime. Trials of a sweep run '
+        "in-process inside one Ray task each, so their lag is simulated and does not overlap sampling with training: "
+        "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
+        f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>"]
+    if not times.empty:
+        parts.append(_figure(figures.step_time_bars(times), "step-time"))
+    parts += ["<h2>All runs</h2>", _table(runs, [
+        ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
+        ("sweep", "sweep", lambda r: esc(r["sweep"])), ("status", "status", lambda r: esc(r["status"])),
+        ("tau_policy", "τ_p", None), ("tau_advantage", "τ_a", None), ("staleness", "k", None), ("seed", "seed", None),
+        ("objective", "objective", None), ("final_accuracy", "final", None), ("peak_accuracy", "peak", None),
+        ("collapsed", "collapse", lambda r: (f'<span class="bad">step {_num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
+                                             if r["collapsed"] else "—")),
+        ("ess_drop_count", "ESS drops", None), ("grad_spike_count", "grad spikes", None),
+        ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(data.title)}</title><style>{_STYLE}</style>"
+            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+            + "\n".join(parts) + "</body></html>\n")

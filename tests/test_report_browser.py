@@ -1,0 +1,83 @@
+"""A generated report opened from a file in real headless Chromium (Debian `chromium` + `chromium-driver`).
+
+Skipped where no Chromium is installed, except under CI (`CI` set), where `.ci/run` installs it and a
+missing browser is a failure.
+"""
+
+import os
+import pathlib
+import shutil
+import tempfile
+
+import pytest
+
+from reports.html import render
+from tests.test_reports import sample_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("CI"):
+        raise RuntimeError("CI needs Debian's chromium and chromium-driver (installed by .ci/run)")
+    pytest.skip("no chromium/chromedriver on this machine (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+NAME = "<script>window.__pwned=1</script>"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="copc-chromium-")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(120)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = render(sample_report(NAME))
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    browser.get(path.as_uri())
+    expected = page.count('class="plotly-graph-div"')
+    assert expected >= 7  # heatmap, interaction lines, contrasts, region, curves, diagnostics, step time
+
+    def rendered(driver):
+        return driver.execute_script(
+            "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
+            ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length")
+
+    WebDriverWait(browser, 60).until(lambda d: rendered(d) == expected)
+    traces = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => d.data.length)")
+    assert len(traces) == expected and all(n > 0 for n in traces)
+    # the decoded heatmap (plotly ships typed arrays) holds the 3 × 3 seed means, annotated in the SVG
+    z = browser.execute_script("return Array.from(document.getElementById('heatmap-0')._fullData[0].z, r => Array.from(r))")
+    assert [[round(v, 6) for v in row] for row in z] == [[0.5, 0.55, 0.6], [0.6, 0.73, 0.86], [0.7, 0.91, 1.12]]
+    labels = browser.execute_script("return document.querySelectorAll('#heatmap-0 g.text-annotation, "
+                                    "#heatmap-0 .heatmaplayer text').length")
+    assert labels >= 9
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors
+    # a run named <script>…</script> is shown as text and never runs
+    assert browser.execute_script("return window.__pwned === undefined")
+    table_text = browser.find_element(By.ID, "runs").text
+    assert NAME in table_text
+    shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "report.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

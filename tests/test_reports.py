@@ -1,0 +1,266 @@
+"""Reports on synthetic run records: frames, coupling statistics with known answers, figure data, HTML."""
+
+import itertools
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reports import analysis, figures, schema
+from reports.frames import curves_frame, runs_frame
+from reports.html import ReportData, render
+from tests.report_records import INF, curve, grid_records, trial
+
+UI = "http://127.0.0.1:5000"
+
+
+def frame(records):
+    return runs_frame(records, "7", UI)
+
+
+# ---------------------------------------------------------------- frames
+
+
+def test_runs_frame_parses_params_metrics_and_failures():
+    records = [trial("a", INF, 2.0, 4, 1, 0.7, collapsed=True, collapse_step=30),
+               trial("b", 1.5, 1.0, 0, 0, None, fail_reason="RuntimeError: boom")]
+    runs = frame(records)
+    assert list(runs.columns) == list(schema.RUNS)
+    a, b = runs.set_index("run_id").loc["a"], runs.set_index("run_id").loc["b"]
+    assert math.isinf(a.tau_policy) and a.tau_advantage == 2.0 and a.staleness == 4 and a.seed == 1
+    assert a.scored and a.collapsed and a.collapse_step == 30.0 and a.objective == 0.7 and a.final_accuracy == 1.2
+    assert a.url == f"{UI}/#/experiments/7/runs/a"
+    assert not b.scored and math.isnan(b.objective) and b.fail_reason == "RuntimeError: boom" and b.collapse_reason == "not run"
+
+
+def test_curves_frame_is_long_and_typed():
+    records = [trial("a", 2, 1, 0, 0, 0.5, history={"eval/accuracy": curve([0, 10], [0.3, 0.6]),
+                                                   "actor/grad_norm": curve([1], [2.5])})]
+    curves = curves_frame(records)
+    assert list(curves.columns) == list(schema.CURVES)
+    assert sorted(map(tuple, curves[["metric", "step", "value"]].to_numpy().tolist())) == [
+        ("actor/grad_norm", 1, 2.5), ("eval/accuracy", 0, 0.3), ("eval/accuracy", 10, 0.6)]
+
+
+def test_schema_rejects_missing_extra_and_mistyped_columns():
+    runs = frame([trial("a", 2, 1, 0, 0, 0.5)])
+    with pytest.raises(schema.SchemaError, match="missing columns \\['url'\\]"):
+        schema.validate(runs.drop(columns="url"), schema.RUNS, "runs")
+    with pytest.raises(schema.SchemaError, match="undeclared columns \\['x'\\]"):
+        schema.validate(runs.assign(x=1), schema.RUNS, "runs")
+    with pytest.raises(schema.SchemaError, match="'staleness' should be int"):
+        schema.validate(runs.assign(staleness=0.5), schema.RUNS, "runs")
+
+
+def test_empty_inputs_give_empty_frames_with_the_schema():
+    assert list(frame([]).columns) == list(schema.RUNS) and frame([]).empty
+    assert analysis.coupling(frame([])).empty and list(analysis.coupling(frame([])).columns) == list(schema.COUPLING)
+
+
+# ---------------------------------------------------------------- coupling statistics
+
+
+ALPHA, BETA, GAMMA, C = 0.5, 0.1, 0.05, 0.08
+
+
+def bilinear(i, a, k):
+    return ALPHA + BETA * i + GAMMA * a + C * i * a
+
+
+def test_interaction_contrast_recovers_a_known_bilinear_interaction():
+    """Y = α + β·i + γ·a + c·i·a (+ zero-mean seed noise): every 2×2 contrast is c·(j − i)·(b − a)."""
+    runs = frame(grid_records(bilinear))
+    out = analysis.coupling(runs, n_boot=2000)
+    assert len(out) == 2 * 3 * 3  # k ∈ {0, 4} × C(3,2) τ_p pairs × C(3,2) τ_a pairs
+    levels_p, levels_a = [1.5, 2.0, 4.0], [1.0, 2.0, 4.0]
+    for r in out.itertuples():
+        di = levels_p.index(r.tau_policy_to) - levels_p.index(r.tau_policy_from)
+        da = levels_a.index(r.tau_advantage_b) - levels_a.index(r.tau_advantage_a)
+        assert r.contrast == pytest.approx(C * di * da, abs=1e-12)
+        assert r.effect_a == pytest.approx(BETA * di + C * di * levels_a.index(r.tau_advantage_a), abs=1e-12)
+        assert r.contrast_low <= C * di * da <= r.contrast_high
+        assert r.significant_interaction  # noise ±0.01 against contrasts ≥ 0.08
+        assert not r.reversal and not r.significant_reversal  # β, c > 0: τ_p always helps
+
+
+def test_interaction_fraction_matches_the_closed_form():
+    """For M_ia = α + β i + γ a + c i a the two-way residual is c (i − ī)(a − ā)."""
+    runs = frame(grid_records(bilinear))
+    out = analysis.interaction_fraction(runs, n_boot=500)
+    i, a = np.meshgrid(np.arange(3.0), np.arange(3.0), indexing="ij")
+    table = ALPHA + BETA * i + GAMMA * a + C * i * a
+    resid = C * (i - i.mean()) * (a - a.mean())
+    expected = np.square(resid).sum() / np.square(table - table.mean()).sum()
+    assert out["fraction"].tolist() == pytest.approx([expected, expected], abs=1e-12)
+    assert (out["fraction_low"] <= expected).all() and (out["fraction_high"] >= expected).all()
+
+
+def test_additive_effects_show_no_interaction():
+    runs = frame(grid_records(lambda i, a, k: 0.4 + 0.1 * i - 0.07 * a, noise=(-0.02, 0.0, 0.02)))
+    out = analysis.coupling(runs)
+    assert np.allclose(out["contrast"], 0.0, atol=1e-12)
+    assert not out["significant_interaction"].any() and not out["reversal"].any()
+    assert analysis.interaction_fraction(runs)["fraction"].tolist() == pytest.approx([0.0, 0.0], abs=1e-20)
+
+
+def test_sign_reversal_is_detected_only_where_it_is():
+    """τ_p helps (+0.3) at τ_a = 1 and hurts (−0.3) at τ_a = 4 at k = 4; at k = 0 it always helps."""
+
+    def value(i, a, k):
+        if k == 0:
+            return 0.5 + 0.1 * i
+        return 0.5 + 0.15 * i * (1 - a)  # a = 0: +0.15/level, a = 1: 0, a = 2: −0.15/level
+
+    out = analysis.coupling(frame(grid_records(value)))
+    k4 = out[out["staleness"] == 4]
+    flip = k4[(k4["tau_advantage_a"] == 1.0) & (k4["tau_advantage_b"] == 4.0)]
+    assert len(flip) == 3 and flip["significant_reversal"].all()
+    assert (flip["effect_a"] > 0).all() and (flip["effect_b"] < 0).all()
+    # τ_a = 2 makes τ_p's effect exactly 0: no sign to reverse
+    assert not k4[(k4["tau_advantage_b"] == 2.0) | (k4["tau_advantage_a"] == 2.0)]["reversal"].any()
+    assert not out[out["staleness"] == 0]["reversal"].any()
+
+
+def test_one_seed_gives_point_estimates_without_intervals():
+    runs = frame(grid_records(bilinear, seeds=(0,), noise=(0.0,)))
+    out = analysis.coupling(runs)
+    assert out["contrast_low"].isna().all() and not out["significant_interaction"].any()
+    assert not out["significant_reversal"].any() and (out["n_min"] == 1).all()
+    cells = analysis.cell_stats(runs)
+    assert cells["sd"].isna().all() and cells["ci_low"].isna().all() and (cells["n"] == 1).all()
+
+
+def test_cell_stats_mean_sd_and_interval():
+    values = [0.2, 0.5, 0.8, 0.9]
+    runs = frame([trial(f"r{s}", 2, 1, 0, s, v, collapsed=s == 0) for s, v in enumerate(values)])
+    cell = analysis.cell_stats(runs, n_boot=4000).iloc[0]
+    assert cell.n == 4 and cell["mean"] == pytest.approx(np.mean(values)) and cell.sd == pytest.approx(np.std(values, ddof=1))
+    assert min(values) <= cell.ci_low < cell["mean"] < cell.ci_high <= max(values)
+    assert cell.collapse_rate == 0.25
+
+
+def test_high_performing_region_counts_cells_within_90_percent():
+    means = {(0, 0): 1.0, (0, 1): 0.95, (1, 0): 0.9, (1, 1): 0.85}  # within 90 %: 1.0, 0.95, 0.9
+    runs = frame(grid_records(lambda i, a, k: means[i, a], tps=(2, 4), tas=(1, 2), ks=(0,), seeds=(0,), noise=(0.0,)))
+    region = analysis.high_performing_region(analysis.cell_stats(runs)).iloc[0]
+    assert (region.n_within, region.n_cells, region.fraction) == (3, 4, 0.75)
+    assert (region.best, region.best_tau_policy, region.best_tau_advantage) == (1.0, 2.0, 1.0)
+    negative = frame(grid_records(lambda i, a, k: -1.0 - i - a, tps=(2, 4), tas=(1, 2), ks=(0,), seeds=(0,), noise=(0.0,)))
+    assert analysis.high_performing_region(analysis.cell_stats(negative)).iloc[0].n_within == 1  # only the best
+
+
+def test_method_comparison_and_step_times_against_a_baseline():
+    records = [trial("c0", 2, 1, 0, 0, 0.8, step_s=2.0, train_s=1.05), trial("c1", 2, 2, 0, 0, 0.6, collapsed=True),
+               trial("c4", 2, 1, 4, 0, 0.7, step_s=1.25, train_s=1.05),
+               trial("p0", 2, 1, 0, 0, 0.5, method="async_ppo", train_s=1.0),
+               trial("p4", 2, 1, 4, 0, 0.1, method="async_ppo", train_s=1.0, collapsed=True)]
+    runs = frame(records)
+    cells = analysis.cell_stats(runs)
+    table = analysis.method_comparison(runs, cells).set_index(["method", "staleness"])
+    copc0 = table.loc[("copc", 0)]
+    assert copc0.n_runs == 2 and copc0.collapse_rate == 0.5 and copc0.best_tau_advantage == 1.0
+    assert copc0.best_final_mean == pytest.approx(0.8) and copc0.final_mean == pytest.approx((0.8 + 1.1) / 2)
+    assert table.loc[("async_ppo", 4)].best_collapse_rate == 1.0
+    times = analysis.step_times(runs, "async_ppo").set_index(["method", "staleness"])
+    assert times.loc[("copc", 4)].speedup_vs_sync == pytest.approx((2.0 + 1.0) / 2 / 1.25)
+    assert times.loc[("copc", 4)].learner_vs_baseline == pytest.approx(1.05)
+    assert times.loc[("async_ppo", 0)].learner_vs_baseline == pytest.approx(1.0)
+    assert analysis.step_times(runs, "no_such_method")["learner_vs_baseline"].isna().all()
+
+
+# ---------------------------------------------------------------- figures (trace data, not pixels)
+
+
+def test_heatmap_cells_hold_the_seed_means_in_grid_order():
+    runs = frame(grid_records(bilinear))
+    fig = figures.heatmaps(analysis.cell_stats(runs), "copc")
+    assert len(fig.data) == 2
+    for trace in fig.data:
+        assert list(trace.x) == ["1", "2", "4"] and list(trace.y) == ["1.5", "2", "4"]
+        expected = [[bilinear(i, a, 0) for a in range(3)] for i in range(3)]
+        assert np.allclose(np.asarray(trace.z, float), expected, atol=1e-12)
+        assert "± 0.01<br>n=3" in trace.text[0][0]
+
+
+def test_interaction_lines_one_line_per_tau_a_with_bootstrap_bars():
+    runs = frame(grid_records(bilinear))
+    fig = figures.interaction_lines(analysis.cell_stats(runs), "copc")
+    assert len(fig.data) == 2 * 3
+    line = fig.data[0]
+    assert line.name == "τ_a = 1" and np.allclose(line.y, [bilinear(i, 0, 0) for i in range(3)])
+    assert all(e > 0 for e in line.error_y.array)
+
+
+def test_learning_curves_mark_collapse_and_escape_names():
+    hist = {"eval/accuracy": curve([0, 10, 20, 30], [0.3, 0.6, 0.2, 0.1])}
+    runs = frame([trial("a", 2, 1, 4, 0, 0.1, collapsed=True, collapse_step=20, history=hist, run_name="<b>x</b>"),
+                  trial("b", 2, 2, 4, 0, 0.6, history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
+    curves = curves_frame([trial("a", 2, 1, 4, 0, 0.1, history=hist), trial("b", 2, 2, 4, 0, 0.6,
+                                                                         history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
+    fig = figures.learning_curves(runs, curves)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    markers = [t for t in fig.data if t.mode == "markers"]
+    assert len(lines) == 2 and len(markers) == 1
+    assert list(markers[0].x) == [20] and list(markers[0].y) == [0.2]
+    assert lines[0].name == "&lt;b&gt;x&lt;/b&gt;"
+
+
+def test_diagnostics_figure_has_one_panel_row_per_metric():
+    keys = [key for key, _ in figures.DIAGNOSTICS]
+    hist = {key: curve([1, 2, 3], [0.9, 0.8, 0.7]) for key in keys}
+    records = [trial("a", 2, 1, 0, 0, 0.5, history=hist), trial("b", 2, 1, 4, 0, 0.4, history=hist)]
+    fig = figures.diagnostics(frame(records), curves_frame(records))
+    assert len(fig.data) == len(keys) * 2
+    assert {(t.xaxis, tuple(t.y)) for t in fig.data} == {(f"x{n if n > 1 else ''}", (0.9, 0.8, 0.7))
+                                                         for n in range(1, 2 * len(keys) + 1)}
+
+
+def test_contrast_forest_colours_significant_reversals():
+    def value(i, a, k):
+        return 0.5 + 0.15 * i * (1 - a)
+
+    coupling = analysis.coupling(frame(grid_records(value, ks=(4,))))
+    fig = figures.contrasts(coupling)
+    colours = list(fig.data[0].marker.color)
+    assert colours.count("#d62728") == int(coupling["significant_reversal"].sum()) == 3
+    assert np.allclose(fig.data[0].x, coupling["contrast"])
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def sample_report(name="<script>window.__pwned=1</script>") -> ReportData:
+    keys = ["eval/accuracy"] + [key for key, _ in figures.DIAGNOSTICS]
+
+    def history(i, a, k, s):
+        steps = [0, 10, 20, 30]
+        return {key: curve(steps, [0.3 + 0.1 * i, 0.5, 0.6 - 0.1 * a * (k > 0), 0.6 - 0.2 * a * (k > 0)]) for key in keys}
+
+    records = grid_records(bilinear, history=history)
+    records[0] = dict(records[0], run_name=name)
+    records.append(trial("failed", 1.5, 1.0, 0, 9, None, fail_reason="RayTaskError: <oops>"))
+    return ReportData(title="Synthetic <report>", runs=frame(records), curves=curves_frame(records),
+                      sources={"MLflow": "sqlite:///x.db"}, parent_links=[("synthetic", f"{UI}/#/experiments/7/runs/p")],
+                      n_boot=300)
+
+
+def test_html_is_self_contained_and_escapes_user_text():
+    from plotly.offline import get_plotlyjs
+
+    page = render(sample_report())
+    assert page.count(get_plotlyjs()[:500]) == 1  # plotly.js inlined exactly once
+    assert "<script>window.__pwned" not in page and "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page
+    assert "RayTaskError: &lt;oops&gt;" in page and "Synthetic &lt;report&gt;" in page
+    own = page.replace(get_plotlyjs(), "")  # the page outside the inlined library loads nothing from outside
+    assert "src=" not in own and "cdn.plot.ly" not in own and "<link" not in own
+    assert page.index('id="summary"') < page.index('class="figure"')  # summary first
+    assert f'href="{UI}/#/experiments/7/runs/copc-0-0-0-0"' in page
+
+
+def test_reports_import_no_torch():
+    code = "import sys, reports.build, reports.html; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
+           "('torch', 'ray', 'prefect', 'optuna')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
