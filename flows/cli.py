@@ -1,4 +1,4 @@
-"""The `copc` command line: `copc train`, `copc methods`, `copc sweep`."""
+"""The `copc` command line: `copc train`, `copc methods`, `copc sweep`, `copc report`, `copc analyze`, `copc serve`, `copc up`."""
 
 from __future__ import annotations
 
@@ -197,9 +197,50 @@ def report(
     typer.echo(f"HTML report: {copc_report(params)['path']}")
 
 
+def _floats(text: Optional[str], option: str) -> Optional[list[float]]:
+    """'1.5,2,inf' → [1.5, 2.0, inf]; parsed as numbers only."""
+    if text is None:
+        return None
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        _fail(f"{option} takes comma-separated numbers, got {text!r}")
+
+
+@app.command()
+def analyze(
+    method: Optional[str] = typer.Option(None, help="a method with both bands (default copc)"),
+    tau_policy: Optional[str] = typer.Option(None, help="comma-separated τ_p values, e.g. 1.25,1.5,2,inf"),
+    tau_advantage: Optional[str] = typer.Option(None, help="comma-separated τ_a values"),
+    staleness: Optional[str] = typer.Option(None, help="comma-separated perturbation sizes ε ≥ 0 of μ"),
+    critic_error: Optional[float] = typer.Option(None, help="critic error σ"),
+    batch_size: Optional[int] = typer.Option(None, help="trajectories per update (MSE = bias² + var / B)"),
+    vocab: Optional[int] = typer.Option(None, help="tokens per step"),
+    horizon: Optional[int] = typer.Option(None, help="steps per trajectory (vocab^horizon ≤ 5000)"),
+    seed: Optional[int] = typer.Option(None, help="seed of the MDP"),
+    out: Optional[pathlib.Path] = typer.Option(None, help="HTML file (default: <data>/reports/analysis-<hash>.html)"),
+) -> None:
+    """Exact bias/variance decomposition over (τ_p, τ_a) × staleness on an enumerable token MDP
+    (runs through the copc-analysis flow; no training, no Ray)."""
+    from copc_core.analysis.token_mdp import AnalysisSpec
+
+    given = {"method": method, "tau_policy": _floats(tau_policy, "--tau-policy"),
+             "tau_advantage": _floats(tau_advantage, "--tau-advantage"), "staleness": _floats(staleness, "--staleness"),
+             "critic_error": critic_error, "batch_size": batch_size, "vocab": vocab, "horizon": horizon, "seed": seed}
+    try:
+        spec = AnalysisSpec(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as err:
+        _fail(_validation_message(err))
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    from flows.prefect_flows import AnalysisParams, copc_analysis
+
+    result = copc_analysis(AnalysisParams(spec=spec, out=str(out) if out else None))
+    typer.echo(f"HTML report: {result['path']}\nrecords: {result['records']}")
+
+
 @app.command()
 def serve() -> None:
-    """Register the copc-train / copc-sweep / copc-report deployments and serve them (needs a Prefect
+    """Register the copc-train / copc-sweep / copc-report / copc-analysis deployments and serve them (needs a Prefect
     server: `copc up`, then PREFECT_API_URL=http://127.0.0.1:4200/api)."""
     from prefect import serve as prefect_serve
 

@@ -1,4 +1,4 @@
-"""Prefect flows `copc-train`, `copc-sweep`, `copc-report`: one typed parameter each, thin wiring.
+"""Prefect flows `copc-train`, `copc-sweep`, `copc-report`, `copc-analysis`: one typed parameter each, thin wiring.
 
 Deployments (`copc serve`) bind these flows so that each can be triggered from the Prefect UI with a
 parameter form generated from the pydantic models below.
@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
 from sweeps.space import SweepSpace
 
@@ -45,6 +46,14 @@ class ReportParams(BaseModel):
     tracking_uri: Optional[str] = None
     mlflow_ui: Optional[str] = Field(None, description="base URL of the MLflow UI for run links")
     baseline: str = Field("async_ppo", description="method the learner-time ratio is taken against")
+    data_dir: Optional[str] = None
+
+
+class AnalysisParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    out: Optional[str] = Field(None, description="HTML file (default: <data>/reports/analysis-<hash>.html)")
     data_dir: Optional[str] = None
 
 
@@ -121,6 +130,37 @@ def copc_report(params: ReportParams) -> dict:
     return {"path": str(path)}
 
 
+@flow(name="copc-analysis")
+def copc_analysis(params: AnalysisParams) -> dict:
+    """Exact bias/variance of the two-channel update over (τ_p, τ_a) × staleness on the enumerable
+    token MDP: an HTML page of heatmaps plus the records as JSON next to it; returns both paths."""
+    import hashlib
+    import json
+    import sys
+
+    from tqdm import tqdm
+
+    from copc_core.analysis.token_mdp import grid
+    from reports.bias_variance import render
+
+    spec = params.spec.model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    out = pathlib.Path(params.out) if params.out else _data(params.data_dir) / "reports" / f"analysis-{digest}.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=len(params.spec.points()), desc="exact grid", unit="point", file=sys.stderr) as bar:
+        records = grid(params.spec, lambda done, total: bar.update(1))
+    records_path = out.with_suffix(".json")
+    for path, text in ((records_path, json.dumps({"spec": spec, "points": records}, indent=1)),
+                       (out, render(records, spec))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    get_run_logger().info("analysis written to %s (records: %s)", out, records_path)
+    publish_markdown("copc-analysis", f"### Exact bias/variance analysis\n\nfile: `{out}`, records `{records_path}`",
+                     "bias/variance analysis")
+    return {"path": str(out), "records": str(records_path)}
+
+
 DEPLOYMENT = "embedded"
 
 
@@ -130,4 +170,6 @@ def deployments(data_dir: Optional[str] = None) -> list:
         copc_train.to_deployment(name=DEPLOYMENT, parameters={"params": TrainParams(data_dir=data_dir).model_dump(mode="json")}),
         copc_sweep.to_deployment(name=DEPLOYMENT, parameters={"params": SweepParams(data_dir=data_dir).model_dump(mode="json")}),
         copc_report.to_deployment(name=DEPLOYMENT, parameters={"params": ReportParams(data_dir=data_dir).model_dump(mode="json")}),
+        copc_analysis.to_deployment(name=DEPLOYMENT,
+                                    parameters={"params": AnalysisParams(data_dir=data_dir).model_dump(mode="json")}),
     ]

@@ -37,7 +37,7 @@ class ReportData:
     n_boot: int = analysis.N_BOOT
 
 
-def _num(value: Any, digits: int = 3) -> str:
+def num(value: Any, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     if isinstance(value, float):
@@ -45,7 +45,7 @@ def _num(value: Any, digits: int = 3) -> str:
     return html.escape(str(value))
 
 
-def _table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str] | None]], table_id: str) -> str:
+def table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str] | None]], table_id: str) -> str:
     """columns: (frame column, header, formatter returning HTML; None = escaped number/text)."""
     head = "".join(f'<th class="l">{html.escape(h)}</th>' if i == 0 else f"<th>{html.escape(h)}</th>"
                    for i, (_, h, _) in enumerate(columns))
@@ -53,7 +53,7 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], st
     for row in frame.to_dict("records"):
         cells = []
         for i, (col, _, fmt) in enumerate(columns):
-            text = fmt(row) if fmt else _num(row[col])
+            text = fmt(row) if fmt else num(row[col])
             cells.append(f'<td class="l">{text}</td>' if i == 0 or fmt else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
@@ -61,7 +61,7 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], st
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _figure(fig: go.Figure, div_id: str) -> str:
+def figure_div(fig: go.Figure, div_id: str) -> str:
     return '<div class="figure">' + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                                                 config={"displaylogo": False, "responsive": True}) + "</div>"
 
@@ -83,7 +83,7 @@ def _summary(runs: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coup
             "best": f"τp={tau(reg.iloc[0].best_tau_policy)} τa={tau(reg.iloc[0].best_tau_advantage)}: {reg.iloc[0].best:.3f}"
             if len(reg) else "—",
             "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
-            "interaction": (f"{itr.iloc[0].fraction:.2f} [{_num(itr.iloc[0].fraction_low, 2)}, {_num(itr.iloc[0].fraction_high, 2)}]"
+            "interaction": (f"{itr.iloc[0].fraction:.2f} [{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
                             if len(itr) else "—"),
             "reversals": f"{int(cpl['significant_reversal'].sum())} significant, {int(cpl['reversal'].sum())} point / {len(cpl)}"
             if len(cpl) else "—",
@@ -108,7 +108,7 @@ def render(data: ReportData) -> str:
     if data.parent_links:
         parts.append('<p class="note">sweep parent runs in MLflow: '
                      + ", ".join(_link(url, name) for name, url in data.parent_links) + "</p>")
-    parts += ["<h2>Summary</h2>", _table(summary, [
+    parts += ["<h2>Summary</h2>", table(summary, [
         ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("runs", "runs", None),
         ("failed", "failed", None), ("collapsed", "collapsed", None), ("seeds", "seeds per cell (min)", None),
         ("best", "best cell: objective", lambda r: esc(r["best"])),
@@ -124,24 +124,24 @@ def render(data: ReportData) -> str:
     else:
         parts.append("<h2>Interaction heatmaps</h2>")
         for i, method in enumerate(sorted(cells["method"].unique())):
-            parts.append(_figure(figures.heatmaps(cells, method), f"heatmap-{i}"))
-            parts.append(_figure(figures.interaction_lines(cells, method), f"interaction-{i}"))
+            parts.append(figure_div(figures.heatmaps(cells, method), f"heatmap-{i}"))
+            parts.append(figure_div(figures.interaction_lines(cells, method), f"interaction-{i}"))
         parts.append("<h2>Coupling analysis</h2>")
         if coupling.empty:
             parts.append('<p class="note">Needs at least two τ_p and two τ_a levels at one staleness level.</p>')
         else:
-            parts.append(_figure(figures.contrasts(coupling), "contrasts"))
-            parts.append(_table(coupling, [
+            parts.append(figure_div(figures.contrasts(coupling), "contrasts"))
+            parts.append(table(coupling, [
                 ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
                 ("tau_policy_from", "τ_p from", None), ("tau_policy_to", "τ_p to", None),
                 ("tau_advantage_a", "τ_a = a", None), ("tau_advantage_b", "τ_a = b", None),
-                ("effect_a", "effect at a", lambda r: f"{r['effect_a']:+.3f} [{_num(r['effect_a_low'])}, {_num(r['effect_a_high'])}]"),
-                ("effect_b", "effect at b", lambda r: f"{r['effect_b']:+.3f} [{_num(r['effect_b_low'])}, {_num(r['effect_b_high'])}]"),
-                ("contrast", "contrast", lambda r: f"{r['contrast']:+.3f} [{_num(r['contrast_low'])}, {_num(r['contrast_high'])}]"),
+                ("effect_a", "effect at a", lambda r: f"{r['effect_a']:+.3f} [{num(r['effect_a_low'])}, {num(r['effect_a_high'])}]"),
+                ("effect_b", "effect at b", lambda r: f"{r['effect_b']:+.3f} [{num(r['effect_b_low'])}, {num(r['effect_b_high'])}]"),
+                ("contrast", "contrast", lambda r: f"{r['contrast']:+.3f} [{num(r['contrast_low'])}, {num(r['contrast_high'])}]"),
                 ("reversal", "reversal", lambda r: ('<b class="bad">significant</b>' if r["significant_reversal"]
                                                     else ("point estimate" if r["reversal"] else "no")))], "coupling"))
-        parts += ["<h2>High-performing region</h2>", _figure(figures.region_bars(region), "region")]
-    parts += ["<h2>Method comparison</h2>", _table(methods, [
+        parts += ["<h2>High-performing region</h2>", figure_div(figures.region_bars(region), "region")]
+    parts += ["<h2>Method comparison</h2>", table(methods, [
         ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("n_runs", "runs", None),
         ("final_mean", "final acc (all)", None), ("peak_mean", "peak acc (all)", None),
         ("collapse_rate", "collapse rate (all)", None), ("best_tau_policy", "best τ_p", None),
@@ -149,9 +149,9 @@ def render(data: ReportData) -> str:
         ("best_peak_mean", "peak acc (best cell)", None), ("best_collapse_rate", "collapse rate (best cell)", None)],
         "methods")]
     if not curves.empty:
-        parts += ["<h2>Learning curves</h2>", _figure(figures.learning_curves(runs, curves), "curves"),
-                  "<h2>Stability diagnostics</h2>", _figure(figures.diagnostics(runs, curves), "diagnostics")]
-    parts += ["<h2>Step time</h2>", _table(times, [
+        parts += ["<h2>Learning curves</h2>", figure_div(figures.learning_curves(runs, curves), "curves"),
+                  "<h2>Stability diagnostics</h2>", figure_div(figures.diagnostics(runs, curves), "diagnostics")]
+    parts += ["<h2>Step time</h2>", table(times, [
         ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
         ("runtime", "runtime", lambda r: esc(r["runtime"])), ("n_runs", "runs", None), ("rollout_s", "rollout s", None),
         ("train_s", "learner s", None), ("step_s", "step s", None), ("speedup_vs_sync", "speed-up vs k=0", None),
@@ -161,17 +161,22 @@ def render(data: ReportData) -> str:
         "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
         f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>"]
     if not times.empty:
-        parts.append(_figure(figures.step_time_bars(times), "step-time"))
-    parts += ["<h2>All runs</h2>", _table(runs, [
+        parts.append(figure_div(figures.step_time_bars(times), "step-time"))
+    parts += ["<h2>All runs</h2>", table(runs, [
         ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
         ("sweep", "sweep", lambda r: esc(r["sweep"])), ("status", "status", lambda r: esc(r["status"])),
         ("tau_policy", "τ_p", None), ("tau_advantage", "τ_a", None), ("staleness", "k", None), ("seed", "seed", None),
         ("objective", "objective", None), ("final_accuracy", "final", None), ("peak_accuracy", "peak", None),
-        ("collapsed", "collapse", lambda r: (f'<span class="bad">step {_num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
+        ("collapsed", "collapse", lambda r: (f'<span class="bad">step {num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
                                              if r["collapsed"] else "—")),
         ("ess_drop_count", "ESS drops", None), ("grad_spike_count", "grad spikes", None),
         ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]
+    return page(data.title, parts)
+
+
+def page(title: str, parts: list[str]) -> str:
+    """The whole document: `title` is escaped here, `parts` are HTML already."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{esc(data.title)}</title><style>{_STYLE}</style>"
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
             f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
             + "\n".join(parts) + "</body></html>\n")

@@ -56,6 +56,13 @@ METHODS = {"method": "str", "staleness": "int", "n_runs": "int", "collapse_rate"
 STEP_TIMES = {"method": "str", "staleness": "int", "runtime": "str", "n_runs": "int", "rollout_s": "float",
               "train_s": "float", "step_s": "float", "speedup_vs_sync": "float", "learner_vs_baseline": "float"}
 
+BIAS_VARIANCE = {"method": "str", "staleness": "float", "tau_policy": "float", "tau_advantage": "float",
+                 "bias_norm": "float", "policy_term": "float", "advantage_term": "float", "cross_term": "float",
+                 "variance": "float", "amplification": "float", "mse": "float"}
+
+OPTIMA = {"staleness": "float", "metric": "str", "tau_advantage": "float", "best_tau_policy": "float",
+          "value": "float"}
+
 
 class SchemaError(ValueError):
     """A report frame does not have its declared columns."""

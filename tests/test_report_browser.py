@@ -81,3 +81,28 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
     shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "report.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_bias_variance_page_renders_its_heatmaps_and_optimum_markers(browser, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from reports.bias_variance import METRICS, render as render_bv
+    from tests.test_bias_variance_report import coupled, records
+
+    path = tmp_path / "analysis.html"
+    path.write_text(render_bv(records(coupled, staleness=(0.25, 1.0)), {"method": NAME}), encoding="utf-8")
+    browser.get(path.as_uri())
+    expected = 1 + len(METRICS)
+    WebDriverWait(browser, 60).until(lambda d: d.execute_script(
+        "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
+        ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length") == expected)
+    marks = browser.execute_script(
+        "return document.getElementById('bv-mse').data.filter(t => t.name === 'best τ_p per τ_a').map(t => t.y)")
+    assert marks == [["1.25", "2", "3"], ["1.25", "2", "3"]]
+    points = browser.execute_script("return document.querySelectorAll('#bv-mse .scatterlayer .point').length")
+    assert points == 2 * (3 + 1)  # three ○ and one ★ per staleness panel, drawn
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    assert browser.execute_script("return window.__pwned === undefined")
+    shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "analysis.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -25,9 +25,12 @@ Everything is float64.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import Tensor
 
 from copc_core.config import MethodConfig
@@ -227,18 +230,73 @@ def mse(result: dict, batch_size: int) -> float:
     return result["bias_norm"] ** 2 + result["variance"] / batch_size
 
 
-def grid(mdp: TokenMDP, method_name: str, tau_policy: list[float], tau_advantage: list[float],
-         staleness: list[float], critic_error: float, batch_size: int = 64) -> list[dict[str, float]]:
-    """Exact bias norm, variance, amplification and MSE over (τ_p, τ_a) × staleness: plain records."""
+class AnalysisSpec(BaseModel):
+    """One exact (τ_p, τ_a) × staleness grid on one token MDP; validated once, at the edge."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+    method: str = Field("copc", description="a registered method with both bands (τ_p and τ_a)")
+    tau_policy: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
+    tau_advantage: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
+    staleness: list[float] = Field([0.25, 0.5, 1.0], min_length=1,
+                                   description="ε ≥ 0: μ's logits are θ + ε·D (0 = on-policy)")
+    critic_error: float = Field(0.3, ge=0.0, allow_inf_nan=False, description="σ: V̂ = V^π + σ·ξ")
+    batch_size: int = Field(64, ge=1, description="trajectories per update, for MSE = ‖bias‖² + variance / B")
+    vocab: int = Field(3, ge=2, le=8)
+    horizon: int = Field(4, ge=1, le=6)
+    seed: int = Field(0, ge=0)
+    logit_scale: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+
+    @field_validator("tau_policy", "tau_advantage")
+    @classmethod
+    def _bands(cls, v: list[float]) -> list[float]:
+        if any(math.isnan(x) or x < 1.0 for x in v):
+            raise ValueError(f"every τ must be ≥ 1 (inf allowed), got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"τ values must be distinct, got {v}")
+        return sorted(v)
+
+    @field_validator("staleness")
+    @classmethod
+    def _staleness(cls, v: list[float]) -> list[float]:
+        if any(not math.isfinite(x) or x < 0 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"staleness levels must be distinct finite numbers ≥ 0, got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _sized(self) -> AnalysisSpec:
+        if self.vocab**self.horizon > MAX_TRAJECTORIES:
+            raise ValueError(f"vocab^horizon = {self.vocab**self.horizon} trajectories; at most {MAX_TRAJECTORIES} "
+                             "are enumerated")
+        self.method_config(self.tau_policy[0], self.tau_advantage[0])  # unknown method, or one without both bands
+        return self
+
+    def method_config(self, tau_policy: float, tau_advantage: float) -> MethodConfig:
+        return MethodConfig(name=self.method, tau_policy=tau_policy, tau_advantage=tau_advantage)
+
+    def points(self) -> list[tuple[float, float, float]]:
+        return list(itertools.product(self.staleness, self.tau_policy, self.tau_advantage))
+
+
+MAX_TRAJECTORIES = 5000
+
+
+def grid(spec: AnalysisSpec, on_point: Callable[[int, int], None] | None = None) -> list[dict[str, float]]:
+    """Exact bias norm (and its three terms), variance, amplification and MSE over (τ_p, τ_a) ×
+    staleness: plain records, one per point. `on_point(done, total)` reports progress."""
+    mdp = make_mdp(spec.vocab, spec.horizon, spec.seed, spec.logit_scale)
+    points = spec.points()
     rows = []
-    for eps, tp, ta in itertools.product(staleness, tau_policy, tau_advantage):
-        result = decompose(mdp, MethodConfig(name=method_name, tau_policy=tp, tau_advantage=ta), eps, critic_error)
-        rows.append({"staleness": eps, "tau_policy": tp, "tau_advantage": ta, "bias_norm": result["bias_norm"],
-                     "policy_term": float(result["policy_term"].norm()), "advantage_term": float(result["advantage_term"].norm()),
+    for i, (eps, tp, ta) in enumerate(points):
+        result = decompose(mdp, spec.method_config(tp, ta), eps, spec.critic_error)
+        rows.append({"method": spec.method, "staleness": eps, "tau_policy": tp, "tau_advantage": ta,
+                     "bias_norm": result["bias_norm"], "policy_term": float(result["policy_term"].norm()),
+                     "advantage_term": float(result["advantage_term"].norm()),
                      "cross_term": float(result["cross_term"].norm()), "variance": result["variance"],
-                     "amplification": result["amplification"], "mse": mse(result, batch_size),
-                     "batch_size": batch_size, "critic_error": critic_error})
+                     "amplification": result["amplification"], "mse": mse(result, spec.batch_size)})
+        if on_point:
+            on_point(i + 1, len(points))
     return rows
 
 
-__all__ = ["TokenMDP", "make_mdp", "updates", "decompose", "sample_tokens", "grid", "mse", "state_values", "grad_log_probs"]
+__all__ = ["AnalysisSpec", "TokenMDP", "make_mdp", "updates", "decompose", "sample_tokens", "grid", "mse", "state_values", "grad_log_probs"]
