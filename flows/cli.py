@@ -18,6 +18,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _servers_up(tracking_uri: Optional[str], mlflow: bool = True) -> None:
+    """A clear exit 2 when a configured MLflow or Prefect server is down, before anything starts."""
+    from infra.local_stack import ServerDownError, require_servers
+    from infra.settings import data_dir
+    from infra.tracking import tracking_uri as resolve
+
+    try:
+        require_servers(resolve(data_dir(), tracking_uri) if mlflow else None)
+    except ServerDownError as err:
+        _fail(str(err))
+
+
 def _validation_message(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -151,6 +163,7 @@ def sweep(
         space.run_config(base, space.grid()[0])
     except ValidationError as err:
         _fail(_validation_message(err))
+    _servers_up(tracking_uri)
     # without PREFECT_API_URL, Prefect starts a temporary local server; a first start migrates its
     # database, which takes longer than Prefect's default 20 s allowance on a small machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
@@ -177,6 +190,7 @@ def report(
     baseline: str = typer.Option("async_ppo", help="method the learner-time ratio is taken against"),
 ) -> None:
     """Build the HTML report of one or more sweeps from MLflow (runs through the copc-report flow)."""
+    _servers_up(tracking_uri)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     from flows.prefect_flows import ReportParams
 
@@ -231,6 +245,7 @@ def analyze(
         spec = AnalysisSpec(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
         _fail(_validation_message(err))
+    _servers_up(None, mlflow=False)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     from flows.prefect_flows import AnalysisParams, copc_analysis
 

@@ -17,11 +17,13 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     from tqdm import tqdm
 
     from infra.checkpoints import cached_warm_start
+    from infra.local_stack import require_servers
     from infra.ray_runtime import init_ray
     from infra.sweep_runs import run_trials
     from infra.tracking import Tracker, tracking_uri
 
     storage = storage or f"sqlite:///{data / 'optuna.db'}"
+    require_servers(tracking_uri(data, tracking), prefect=False)  # before the study or any run exists
     tracker = Tracker(tracking_uri(data, tracking), artifact_dir=data / "mlartifacts")
     cache = data / "cache"
     bars: list = []

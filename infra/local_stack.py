@@ -30,6 +30,25 @@ def wait_healthy(url: str, timeout_s: float, what: str, proc: subprocess.Popen |
     raise ServerDownError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
+def require_servers(tracking_uri: str | None = None, prefect: bool = True, timeout_s: float = 5.0) -> None:
+    """Fail fast, before any work, when a configured server does not answer: an http(s) MLflow
+    tracking URI (`<uri>/health`) and, if `prefect`, the Prefect API named by PREFECT_API_URL
+    (`<api>/health`). Local stores (SQLite, files) and Prefect's temporary server need no check."""
+    checks = []
+    if tracking_uri and tracking_uri.startswith(("http://", "https://")):
+        checks.append((tracking_uri.rstrip("/") + "/health", "MLflow tracking server",
+                       "start it (`copc up`) or point --tracking-uri / MLFLOW_TRACKING_URI elsewhere"))
+    api = os.environ.get("PREFECT_API_URL") if prefect else None
+    if api:
+        checks.append((api.rstrip("/") + "/health", "Prefect API (PREFECT_API_URL)",
+                       "start it (`copc up`) or unset PREFECT_API_URL to use a temporary local server"))
+    for url, what, hint in checks:
+        try:
+            wait_healthy(url, timeout_s, what)
+        except ServerDownError as err:
+            raise ServerDownError(f"{err}: {hint}") from None
+
+
 def _bin(name: str) -> str:
     found = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
     if not found:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.config import MethodConfig, RunConfig, with_overrides
 
@@ -14,26 +14,34 @@ PARAM_FIELDS = {"tau_policy": "method.tau_policy", "tau_advantage": "method.tau_
                 "staleness": "train.staleness", "seed": "train.seed"}
 
 
+Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no clip")]
+
+
 class SweepSpace(BaseModel):
     """A joint grid over (τ_p, τ_a) × staleness k × seed for one method, and how to score a run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
     method: str = "copc"
-    tau_policy: list[float] = Field(default_factory=lambda: [1.5, 2.0, 4.0], min_length=1)
-    tau_advantage: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
-    staleness: list[int] = Field(default_factory=lambda: [0, 4], min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    tau_policy: list[Band] = Field(default_factory=lambda: [1.5, 2.0, 4.0], min_length=1)
+    tau_advantage: list[Band] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
+    staleness: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=lambda: [0, 4], min_length=1)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     steps: int = Field(60, ge=1)
     objective: Literal["final", "peak", "auc"] = "final"
     collapse_penalty: float = Field(0.5, ge=0.0, le=1.0, description="subtracted from a collapsed run's score")
 
+    @field_validator("tau_policy", "tau_advantage", "staleness", "seeds")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        if len(set(v)) != len(v):
+            raise ValueError(f"values must be distinct, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
-        for tp, ta, k in itertools.product(self.tau_policy, self.tau_advantage, self.staleness):
-            if k < 0:
-                raise ValueError(f"staleness must be >= 0, got {k}")
-            MethodConfig(name=self.method, tau_policy=tp, tau_advantage=ta)  # τ ≥ 1, method has both bands
+        for tp, ta in itertools.product(self.tau_policy, self.tau_advantage):
+            MethodConfig(name=self.method, tau_policy=tp, tau_advantage=ta)  # the method has both bands
         return self
 
     def grid(self) -> list[dict[str, Any]]:

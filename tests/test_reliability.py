@@ -1,0 +1,285 @@
+"""Reliability and security cases of docs/RELIABILITY.md that no other module's tests cover.
+
+Invalid configurations are generated (hypothesis) for the config tree, the flows' parameter models,
+the sweep spaces and the CLI; each must be refused with a validation error naming the field before
+anything starts, leaving no MLflow or Optuna store behind. Non-finite values are injected into the
+three inputs of an update. A `copc train` killed with SIGKILL resumes and finishes identically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from copc_core.config import RunConfig, with_overrides
+from copc_core.methods import METHODS
+from tests.conftest import tiny_config
+
+below_one = st.one_of(st.floats(max_value=0.999, allow_nan=False, allow_infinity=True), st.just(math.nan))
+negative_int = st.integers(max_value=-1)
+unknown_method = st.text(min_size=1, max_size=12).filter(lambda s: s not in METHODS)
+
+# (dotted RunConfig path, invalid value): every family the issue names
+INVALID_OVERRIDES = st.one_of(
+    st.tuples(st.just("method.tau_policy"), below_one),
+    st.tuples(st.just("method.tau_advantage"), below_one),
+    st.tuples(st.just("train.staleness"), negative_int),
+    st.tuples(st.just("method.name"), unknown_method),
+    st.tuples(st.just("train.batch_size"), st.integers(max_value=0)),
+    st.tuples(st.just("train.lr"), st.one_of(st.just(math.nan), st.floats(max_value=0.0), st.floats(min_value=1.0))),
+    st.tuples(st.just("train.minibatches"), st.integers(min_value=3, max_value=127).filter(lambda m: 128 % m)),
+)
+
+
+def _named(err: ValidationError, path: str) -> bool:
+    """The error names the field: by its location, or (for cross-field rules) in its message."""
+    leaf = path.split(".")[-1]
+    return any(leaf in ".".join(map(str, e["loc"])) or leaf in e["msg"] or
+               (leaf == "name" and "method" in e["msg"]) or (leaf == "minibatches" and "minibatches" in e["msg"])
+               for e in err.errors())
+
+
+@settings(max_examples=150, deadline=None)
+@given(INVALID_OVERRIDES)
+def test_invalid_run_configs_are_refused_naming_the_field(case):
+    path, value = case
+    with pytest.raises(ValidationError) as info:
+        with_overrides(RunConfig(), {path: value})
+    assert _named(info.value, path), (path, value, info.value.errors())
+
+
+INVALID_SPACES = st.one_of(
+    st.fixed_dictionaries({"tau_policy": st.lists(below_one, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"tau_advantage": st.lists(below_one, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"staleness": st.lists(negative_int, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"seeds": st.lists(negative_int, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"method": unknown_method}),
+    st.fixed_dictionaries({"steps": st.integers(max_value=0)}),
+    st.fixed_dictionaries({"tau_policy": st.just([])}),
+    st.fixed_dictionaries({"staleness": st.integers(0, 8).map(lambda k: [k, k])}),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(INVALID_SPACES)
+def test_invalid_sweep_spaces_are_refused_naming_the_field(bad):
+    from sweeps.space import SweepSpace
+
+    with pytest.raises(ValidationError) as info:
+        SweepSpace(**bad)
+    (field,) = bad
+    assert _named(info.value, field), (bad, info.value.errors())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.tuples(st.just("TrainParams"), INVALID_OVERRIDES.map(lambda c: ({"config": _nested(*c)}, c[0]))),
+    st.tuples(st.just("TrainParams"), st.text(max_size=8).filter(lambda s: s not in ("inprocess", "ray"))
+              .map(lambda r: ({"runtime": r}, "runtime"))),
+    st.tuples(st.just("SweepParams"), INVALID_SPACES.map(lambda b: ({"space": b}, next(iter(b))))),
+    st.tuples(st.just("SweepParams"), st.text(max_size=6).filter(lambda s: s not in ("grid", "tpe"))
+              .map(lambda s: ({"sampler": s}, "sampler"))),
+    st.tuples(st.just("ReportParams"), st.just(({"sweeps": []}, "sweeps"))),
+    st.tuples(st.just("AnalysisParams"), st.lists(below_one, min_size=1, max_size=3)
+              .map(lambda v: ({"spec": {"tau_policy": v}}, "tau_policy"))),
+    st.tuples(st.just("AnalysisParams"), st.one_of(st.just(math.nan), st.floats(max_value=-1e-9))
+              .map(lambda v: ({"spec": {"critic_error": v}}, "critic_error"))),
+))
+def test_invalid_flow_parameters_are_refused_naming_the_field(case):
+    from flows import prefect_flows
+
+    model, (payload, field) = case
+    with pytest.raises(ValidationError) as info:
+        getattr(prefect_flows, model).model_validate(payload)
+    assert _named(info.value, field), (model, payload, info.value.errors())
+
+
+def _nested(path: str, value) -> dict:
+    out: dict = {}
+    node = out
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return out
+
+
+CLI_CASES = st.one_of(
+    st.tuples(st.just("train"), st.sampled_from(["--tau-policy", "--tau-advantage"]),
+              st.sampled_from(["0.5", "nan", "-inf", "-3", "0.999"])),
+    st.tuples(st.just("train"), st.just("--staleness"), negative_int.map(str)),
+    st.tuples(st.just("train"), st.just("--batch-size"), st.sampled_from(["0", "-4", "30", "127"])),
+    st.tuples(st.just("train"), st.just("--method"), st.from_regex(r"[a-z_]{1,10}", fullmatch=True)
+              .filter(lambda s: s not in METHODS)),
+    st.tuples(st.just("sweep"), st.just("--space"), INVALID_SPACES.map(json.dumps)),
+    st.tuples(st.just("analyze"), st.sampled_from(["--tau-policy", "--tau-advantage"]),
+              st.lists(st.sampled_from(["0.5", "nan", "x", "1,,"]), min_size=1, max_size=2).map(",".join)),
+    st.tuples(st.just("analyze"), st.just("--staleness"), st.sampled_from(["-1", "nan", "inf", "0.5,0.5"])),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CLI_CASES)
+def test_invalid_cli_input_exits_2_before_anything_is_written(case):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    command, option, value = case
+    with tempfile.TemporaryDirectory() as tmp:
+        data = pathlib.Path(tmp) / "data"
+        args = [command]
+        if option == "--space":
+            (pathlib.Path(tmp) / "space.json").write_text(value)
+            args += ["--space", str(pathlib.Path(tmp) / "space.json")]
+        else:
+            args += [f"{option}={value}"]
+        result = CliRunner().invoke(app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "",
+                                                  "PREFECT_API_URL": ""})
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output and ("error" in result.output.lower() or "Invalid value" in result.output)
+        written = sorted(str(p.relative_to(data)) for p in data.rglob("*")) if data.exists() else []
+        assert not [w for w in written if w.startswith(("mlflow", "optuna", "runs", "cache", "mlartifacts"))], written
+
+
+# ---- non-finite values in the three inputs of an update ----
+
+POISONED_STEP = 2  # the third learner update (0-based) receives the poison
+
+
+@pytest.mark.parametrize("target", ["logp_behavior", "rewards", "values"])
+def test_non_finite_inputs_stop_the_run_by_name_and_no_nan_reaches_a_checkpoint(tiny_warm_state, tmp_path,
+                                                                                monkeypatch, target):
+    """Through the real in-process run: rollout log-probs, rewards, or the learner's own value
+    forward pass turn non-finite at one step; the run stops there with reason `non_finite`, the
+    update is not applied, the checkpoint on disk is all finite, and summary.json says so."""
+    from copc_core import learner as learner_mod
+    from infra.checkpoints import load_checkpoint
+    from infra.local_run import train_in_process
+
+    calls = {"n": 0, "poison_values": False}
+    step, forward = learner_mod.Learner.step, learner_mod.response_logprobs
+
+    def poisoned_step(self, batch):
+        calls["poison_values"] = target == "values" and calls["n"] == POISONED_STEP
+        if calls["n"] == POISONED_STEP and target != "values":
+            getattr(batch, target)[1, 0] = -math.inf if target == "logp_behavior" else math.nan
+        calls["n"] += 1
+        return step(self, batch)
+
+    def poisoned_forward(model, batch, temperature):
+        logp, values, entropy = forward(model, batch, temperature)
+        return logp, (values * math.nan if calls["poison_values"] else values), entropy
+
+    monkeypatch.setattr(learner_mod.Learner, "step", poisoned_step)
+    monkeypatch.setattr(learner_mod, "response_logprobs", poisoned_forward)
+    cfg = tiny_config(steps=5)
+    summary = train_in_process(cfg, tmp_path / "run", tmp_path / "cache", checkpoint_every=1)
+    assert calls["n"] == POISONED_STEP + 1  # nothing ran after the poisoned update
+    assert summary.collapsed and summary.collapse_reason == "non_finite"
+    assert summary.collapse_step == POISONED_STEP and summary.steps_completed == POISONED_STEP
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["collapse_reason"] == "non_finite" and on_disk["collapse_step"] == POISONED_STEP
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert state["step"] == POISONED_STEP and state["non_finite_step"] == POISONED_STEP
+    tensors = [v for v in _walk(state) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert len(tensors) > 10 and all(torch.isfinite(t).all() for t in tensors)
+    history = json.loads((tmp_path / "run" / "history.json").read_text())["steps"]
+    assert len(history) == POISONED_STEP and all(math.isfinite(v) for r in history for v in r.values())
+
+
+def _walk(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _walk(v)
+    else:
+        yield obj
+
+
+# ---- a killed `copc train` ----
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(tmp_path):
+    """SIGKILL `copc train` after its first checkpoint (step 10 of 24); the same command resumes and
+    its history and evaluations equal those of an uninterrupted run (timings aside)."""
+    cfg = tiny_config(method="copc", staleness=2, steps=24)
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(cfg.model_dump_json())
+    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path / "data"))
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file)]
+
+    def run(run_dir: pathlib.Path) -> dict:
+        out = subprocess.run([*cmd, "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads((run_dir / "history.json").read_text())
+
+    reference = run(tmp_path / "reference")  # also fills the warm-start cache
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--run-dir", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (killed / "checkpoint.pt").exists() and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()  # killed mid-way
+    from infra.checkpoints import load_checkpoint
+
+    checkpoint = load_checkpoint(killed / "checkpoint.pt")
+    at_kill = checkpoint["step"]
+    assert 0 < at_kill < cfg.train.steps
+    resumed = run(killed)
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+    assert len(resumed["steps"]) == cfg.train.steps
+    assert strip(resumed["steps"]) == strip(reference["steps"])
+    assert resumed["evals"] == reference["evals"]
+    # resumed, not restarted: the first steps are the killed process's own records, wall times included
+    assert resumed["steps"][:at_kill] == checkpoint["history"]
+
+
+# ---- a server that is down ----
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command,env_key,needle", [
+    (["sweep", "--steps", "2", "--tracking-uri", "http://127.0.0.1:{port}"], None, "MLflow tracking server did not answer"),
+    (["report"], "MLFLOW_TRACKING_URI", "MLflow tracking server did not answer"),
+    (["analyze"], "PREFECT_API_URL", "Prefect API (PREFECT_API_URL) did not answer"),
+])
+def test_a_server_that_is_down_is_named_at_start_and_nothing_runs(tmp_path, command, env_key, needle):
+    port = _dead_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    env["COPC_DATA_DIR"] = str(tmp_path / "data")
+    if env_key:
+        env[env_key] = f"http://127.0.0.1:{port}" + ("/api" if env_key == "PREFECT_API_URL" else "")
+    args = [a.format(port=port) for a in command]
+    out = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2 and needle in out.stderr and f"127.0.0.1:{port}" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    data = tmp_path / "data"
+    assert not data.exists() or not any(data.iterdir())  # no study, no MLflow store, no runs
