@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.figures import _PALETTE, tau
+from reports.figures import _PALETTE, tau, tau_grid
 from reports.html import figure_div, num, page, table
 from reports.schema import BIAS_VARIANCE, OPTIMA, SchemaError, validate
 
@@ -69,14 +69,8 @@ def heatmaps(bv: pd.DataFrame, opt: pd.DataFrame, metric: str, label: str) -> go
     zmin, zmax = float(logz.min()), float(logz.max())
     for col, eps in enumerate(levels, start=1):
         g = bv[bv["staleness"] == eps]
-        tps, tas = sorted(g["tau_policy"].unique()), sorted(g["tau_advantage"].unique())
-        z = np.full((len(tps), len(tas)), np.nan)
-        text = [["" for _ in tas] for _ in tps]
-        for r in g.itertuples():
-            i, j = tps.index(r.tau_policy), tas.index(r.tau_advantage)
-            value = getattr(r, metric)
-            z[i, j] = math.log10(max(value, floor))
-            text[i][j] = f"{value:.3g}"
+        tps, tas, z, text = tau_grid(g, lambda r: math.log10(max(getattr(r, metric), floor)),
+                                     lambda r: f"{getattr(r, metric):.3g}")
         fig.add_trace(go.Heatmap(z=z, x=[tau(v) for v in tas], y=[tau(v) for v in tps], text=text,
                                  texttemplate="%{text}", zmin=zmin, zmax=zmax, colorscale="Viridis",
                                  showscale=col == len(levels), colorbar={"title": f"log10 {metric}"},

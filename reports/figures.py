@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,18 @@ def _colors(cells: list[tuple[float, float]]) -> dict[tuple[float, float], str]:
     return {c: _PALETTE[i % len(_PALETTE)] for i, c in enumerate(sorted(set(cells)))}
 
 
+def tau_grid(g: pd.DataFrame, value: Callable[[Any], float], label: Callable[[Any], str]
+             ) -> tuple[list[float], list[float], np.ndarray, list[list[str]]]:
+    """(τ_p values, τ_a values, z[τ_p, τ_a], text[τ_p][τ_a]) of one panel's rows; empty cells stay NaN / ""."""
+    tps, tas = sorted(g["tau_policy"].unique()), sorted(g["tau_advantage"].unique())
+    z = np.full((len(tps), len(tas)), np.nan)
+    text = [["" for _ in tas] for _ in tps]
+    for r in g.itertuples():
+        i, j = tps.index(r.tau_policy), tas.index(r.tau_advantage)
+        z[i, j], text[i][j] = value(r), label(r)
+    return tps, tas, z, text
+
+
 def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     """One heatmap per staleness level: seed-mean objective over (τ_p rows, τ_a columns), annotated
     with mean ± sd and the number of seeds; one colour scale for all panels."""
@@ -42,14 +55,8 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     zmin, zmax = float(mine["mean"].min()), float(mine["mean"].max())
     for col, k in enumerate(ks, start=1):
         g = mine[mine["staleness"] == k]
-        tps, tas = sorted(g["tau_policy"].unique()), sorted(g["tau_advantage"].unique())
-        z = np.full((len(tps), len(tas)), np.nan)
-        text = [["" for _ in tas] for _ in tps]
-        for r in g.itertuples():
-            i, j = tps.index(r.tau_policy), tas.index(r.tau_advantage)
-            z[i, j] = r.mean
-            spread = "" if math.isnan(r.sd) else f" ± {r.sd:.2f}"
-            text[i][j] = f"{r.mean:.2f}{spread}<br>n={r.n}"
+        tps, tas, z, text = tau_grid(g, lambda r: r.mean, lambda r: f"{r.mean:.2f}"
+                                     + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}") + f"<br>n={r.n}")
         fig.add_trace(go.Heatmap(z=z, x=[tau(v) for v in tas], y=[tau(v) for v in tps], text=text,
                                  texttemplate="%{text}", zmin=zmin, zmax=zmax, colorscale="Viridis",
                                  showscale=col == len(ks), colorbar={"title": "objective"},
