@@ -216,7 +216,7 @@ def _floats(text: Optional[str], option: str) -> Optional[list[float]]:
     if text is None:
         return None
     try:
-        return [float(part) for part in text.split(",") if part.strip()]
+        return [float(part) for part in text.split(",")]  # an empty part ("1,,2") is a typo: refused
     except ValueError:
         _fail(f"{option} takes comma-separated numbers, got {text!r}")
 
