@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -101,6 +101,44 @@ class TaskConfig(BaseModel):
         return self
 
 
+class SearchTaskConfig(BaseModel):
+    """The retrieval task: questions over a built-in synthetic knowledge base, one or two hops."""
+
+    model_config = FROZEN
+
+    name: Literal["search"] = "search"
+    n_people: int = Field(60, ge=4, le=2000)
+    n_companies: int = Field(12, ge=2, le=2000)
+    n_cities: int = Field(8, ge=2, le=2000)
+    n_held_out: int = Field(20, ge=1, description="people whose questions form the evaluation set only")
+    two_hop_frac: float = Field(0.5, ge=0.0, le=1.0, description="share of training questions needing two searches")
+    kb_seed: int = 7
+    max_tool_calls: int = Field(3, ge=0, le=8)
+    max_response_tokens: int = Field(56, ge=8, le=256)
+    n_eval: int = Field(80, ge=8)
+    eval_seed: int = 12345
+    format_reward: float = Field(0.0, ge=0.0, le=0.5)
+
+    @model_validator(mode="after")
+    def _split(self) -> SearchTaskConfig:
+        if self.n_held_out >= self.n_people:
+            raise ValueError(f"n_held_out ({self.n_held_out}) must leave training people (n_people {self.n_people})")
+        if self.n_eval > 4 * self.n_held_out:
+            raise ValueError(f"n_eval ({self.n_eval}) exceeds the {4 * self.n_held_out} questions about "
+                             f"{self.n_held_out} held-out people")
+        return self
+
+
+TASKS = {"tool_math": TaskConfig, "search": SearchTaskConfig}
+
+
+def default_task(name: str) -> TaskConfig | SearchTaskConfig:
+    """The default config of a built-in task, by name."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
+    return TASKS[name]()
+
+
 class WarmStartConfig(BaseModel):
     """SFT on synthetic demonstrations that are right only part of the time."""
 
@@ -153,7 +191,7 @@ class RunConfig(BaseModel):
 
     method: MethodConfig = MethodConfig()
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: Annotated[Union[TaskConfig, SearchTaskConfig], Field(discriminator="name")] = TaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     train: TrainConfig = TrainConfig()
 

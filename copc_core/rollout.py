@@ -17,20 +17,7 @@ from torch import Tensor
 
 from copc_core.models import TinyGPT
 from copc_core.tensors import NonFiniteError
-from copc_core.tasks import (
-    ANSWER_END_ID,
-    CALL_CLOSE,
-    CALL_OPEN,
-    ERROR,
-    PAD_ID,
-    RESULT_END,
-    VOCAB,
-    Problem,
-    calculator,
-    count_tool_calls,
-    encode,
-    reward,
-)
+from copc_core.tasks.base import CALL_CLOSE, CALL_OPEN, ERROR, PAD_ID, RESULT_END, Task, count_tool_calls
 
 
 @dataclass
@@ -43,7 +30,7 @@ class TrajectoryBatch:
     logp_behavior: Tensor  # [B, T] float: log μ(y_t) at policy tokens, 0 elsewhere
     version: Tensor  # [B, T] long: policy version that sampled each token
     rewards: Tensor  # [B, T] float: outcome reward on the last policy token
-    problems: list[Problem]
+    problems: list  # the task's problem records
     responses: list[str]
     truncated: Tensor  # [B] bool: hit max_response_tokens without an answer
 
@@ -93,7 +80,7 @@ class NonFiniteBatchError(NonFiniteError):
 
 
 class RolloutEngine(Protocol):
-    def sample(self, problems: list[Problem], version: int, generator: torch.Generator, greedy: bool = False
+    def sample(self, problems: list, version: int, generator: torch.Generator, greedy: bool = False
                ) -> TrajectoryBatch: ...
 
     def load_weights(self, state: dict[str, Tensor], version: int) -> None: ...
@@ -102,7 +89,8 @@ class RolloutEngine(Protocol):
 class ToolEpisodes:
     """Per-sequence environment state: call spans, tool-call budget, queued tool output."""
 
-    def __init__(self, n: int, max_tool_calls: int):
+    def __init__(self, n: int, task: Task, max_tool_calls: int):
+        self.task = task
         self.text = [[] for _ in range(n)]
         self.queue: list[list[int]] = [[] for _ in range(n)]
         self.max_tool_calls = max_tool_calls
@@ -118,19 +106,20 @@ class ToolEpisodes:
         if start < 0 or body.rfind(RESULT_END) > start or self.calls[i] > self.max_tool_calls:
             result = ERROR
         else:
-            result = calculator(body[start + 1 : -1])
-        self.queue[i] = encode(result + RESULT_END)
+            result = self.task.tool(body[start + 1 : -1])
+        self.queue[i] = self.task.vocab.encode(result + RESULT_END)
 
     def on_env_token(self, i: int, ch: str) -> None:
         self.text[i].append(ch)
 
 
 class TorchSampler:
-    """The embedded rollout engine: `TinyGPT` + KV cache + tool environment, on CPU."""
+    """The embedded rollout engine: `TinyGPT` + KV cache + the task's tool environment, on CPU."""
 
-    def __init__(self, model: TinyGPT, max_response_tokens: int, max_tool_calls: int, temperature: float,
+    def __init__(self, model: TinyGPT, task: Task, max_response_tokens: int, max_tool_calls: int, temperature: float,
                  format_reward: float):
         self.model = model
+        self.task = task
         self.max_response_tokens = max_response_tokens
         self.max_tool_calls = max_tool_calls
         self.temperature = temperature
@@ -142,20 +131,21 @@ class TorchSampler:
         self.version = version
 
     @torch.no_grad()
-    def sample(self, problems: list[Problem], version: int | None = None, generator: torch.Generator | None = None,
+    def sample(self, problems: list, version: int | None = None, generator: torch.Generator | None = None,
                greedy: bool = False) -> TrajectoryBatch:
         version = self.version if version is None else version
-        prompts = [encode(p.prompt) for p in problems]
+        vocab = self.task.vocab
+        prompts = [vocab.encode(p.prompt) for p in problems]
         if len({len(p) for p in prompts}) != 1:
             raise ValueError("all prompts of a batch must have the same length")
         B, P, T = len(prompts), len(prompts[0]), self.max_response_tokens
         if P + T > self.model.shape.block_size:
             raise ValueError(f"prompt {P} + response {T} tokens exceed block_size {self.model.shape.block_size}")
         prompt_ids = torch.tensor(prompts, dtype=torch.long)
-        tokens = torch.full((B, T), PAD_ID, dtype=torch.long)
+        tokens = torch.full((B, T), vocab.pad_id, dtype=torch.long)
         mask = torch.zeros(B, T)
         logp = torch.zeros(B, T)
-        env = ToolEpisodes(B, self.max_tool_calls)
+        env = ToolEpisodes(B, self.task, self.max_tool_calls)
         done = [False] * B
         was_model = self.model.training
         self.model.eval()
@@ -173,19 +163,19 @@ class TorchSampler:
             next_ids, is_policy = [], []
             for i in range(B):
                 if done[i]:
-                    next_ids.append(PAD_ID)
+                    next_ids.append(vocab.pad_id)
                     is_policy.append(False)
                 elif env.queue[i]:
                     tok = env.queue[i].pop(0)
-                    env.on_env_token(i, VOCAB[tok])
+                    env.on_env_token(i, vocab.chars[tok])
                     next_ids.append(tok)
                     is_policy.append(False)
                 else:
                     tok = sampled_list[i]
-                    env.on_policy_token(i, VOCAB[tok])
+                    env.on_policy_token(i, vocab.chars[tok])
                     next_ids.append(tok)
                     is_policy.append(True)
-                    if tok == ANSWER_END_ID:
+                    if tok == vocab.answer_end_id:
                         done[i] = True
             next_tok = torch.tensor(next_ids, dtype=torch.long)
             policy = torch.tensor(is_policy)
@@ -200,7 +190,7 @@ class TorchSampler:
         responses = ["".join(chars) for chars in env.text]
         rewards = torch.zeros(B, steps)
         last_policy = (mask * torch.arange(1, steps + 1)).argmax(dim=1)  # index of the last policy token
-        scores = torch.tensor([reward(p, r, self.format_reward) for p, r in zip(problems, responses)])
+        scores = torch.tensor([self.task.reward(p, r, self.format_reward) for p, r in zip(problems, responses)])
         rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
         return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
                                rewards, list(problems), responses, torch.tensor([not d for d in done]))

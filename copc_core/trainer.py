@@ -21,7 +21,7 @@ from copc_core.config import RunConfig
 from copc_core.learner import Learner
 from copc_core.rollout import TorchSampler, episode_stats
 from copc_core.stability import RunSummary, summarise
-from copc_core.tasks import Problem, make_problems
+from copc_core.tasks import make_task
 from copc_core.tensors import NonFiniteError
 from copc_core.warmstart import build_model
 
@@ -42,19 +42,16 @@ class ProblemStream:
     """
 
     def __init__(self, config: RunConfig, seed: int):
-        task = config.task
-        self.config = config
+        self.task = make_task(config.task)
         self.seed = seed
-        self.eval_problems = make_problems(task.n_eval, task.operand_digits, task.ops, task.eval_seed)
-        self._held_out = {p.operands for p in self.eval_problems}
+        self.eval_problems = self.task.eval_problems()
+        self._held_out = {p.key for p in self.eval_problems}
 
-    def batch(self, step: int, n: int) -> list[Problem]:
-        task = self.config.task
+    def batch(self, step: int, n: int) -> list:
         rng = random.Random(step_seed(self.seed, step, 0))
-        out: list[Problem] = []
+        out: list = []
         while len(out) < n:
-            cand = make_problems(2 * n, task.operand_digits, task.ops, rng.randrange(2**31))
-            out += [p for p in cand if p.operands not in self._held_out]
+            out += [p for p in self.task.sample(2 * n, rng.randrange(2**31)) if p.key not in self._held_out]
         return out[:n]
 
 
@@ -62,7 +59,7 @@ def sampling_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(step_seed(seed, step, 1))
 
 
-def evaluate(sampler: TorchSampler, problems: list[Problem], config: RunConfig, step: int) -> dict[str, float]:
+def evaluate(sampler: TorchSampler, problems: list, config: RunConfig, step: int) -> dict[str, float]:
     """Held-out accuracy of the sampler's current weights: temperature-1 samples and greedy."""
     greedy = sampler.sample(problems, step, None, greedy=True)
     sampled = sampler.sample(problems, step, torch.Generator().manual_seed(config.task.eval_seed + step))
@@ -75,8 +72,8 @@ def evaluate(sampler: TorchSampler, problems: list[Problem], config: RunConfig, 
 
 def make_sampler(config: RunConfig) -> TorchSampler:
     t = config.train
-    return TorchSampler(build_model(config, t.seed), config.task.max_response_tokens, config.task.max_tool_calls,
-                        t.temperature, config.task.format_reward)
+    return TorchSampler(build_model(config, t.seed), make_task(config.task), config.task.max_response_tokens,
+                        config.task.max_tool_calls, t.temperature, config.task.format_reward)
 
 
 class Trainer:

@@ -1,8 +1,9 @@
 """SFT warm start on synthetic demonstrations that use the tool only part of the time.
 
-The mixture (default 45 % correct tool use, 25 % tool calls in the wrong order, 30 % direct
-guesses; copying operands is still imperfect after 400 steps) leaves the imitating policy at
-roughly 35 % sampled accuracy: clear headroom for RL. The loss
+The task writes the demonstrations (copc_core.tasks): correct tool use, a wrong plan ("wrong_order":
+tool-math calls left to right, a search that stops after the first hop) and direct guesses. On
+tool-math the default mixture (45 % / 25 % / 30 %; copying operands is still imperfect after 400
+steps) leaves the imitating policy at roughly 35 % sampled accuracy: clear headroom for RL. The loss
 is cross-entropy on the policy tokens of the response only (tool output is never imitated: it is
 written by the environment). Results are keyed by `warm_start_key` so that sweeps reuse them;
 persisting them is the caller's business (infra.checkpoints).
@@ -16,12 +17,13 @@ import torch
 
 from copc_core.config import RunConfig
 from copc_core.models import GPTShape, TinyGPT
-from copc_core.tasks import VOCAB, Problem, demonstration, encode, environment_mask, make_problems
+from copc_core.tasks import make_task
+from copc_core.tasks.base import environment_mask
 
 
 def model_shape(config: RunConfig) -> GPTShape:
-    prompt_len = len(make_problems(1, config.task.operand_digits, config.task.ops, 0)[0].prompt)
-    return GPTShape(vocab_size=len(VOCAB), block_size=prompt_len + config.task.max_response_tokens,
+    task = make_task(config.task)
+    return GPTShape(vocab_size=len(task.vocab), block_size=task.prompt_width + config.task.max_response_tokens,
                     n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
                     separate_critic=config.model.separate_critic)
 
@@ -38,15 +40,15 @@ def warm_start_key(config: RunConfig) -> str:
     return config.config_hash("model", "task", "warm_start")
 
 
-def demo_batch(problems: list[Problem], config: RunConfig, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+def demo_batch(problems: list, config: RunConfig, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [B, P + T] and a loss mask [B, P + T − 1] over the policy tokens of each response."""
-    ws = config.warm_start
+    ws, task = config.warm_start, make_task(config.task)
     seqs, masks = [], []
     for p in problems:
         u = rng.random()
         kind = "correct" if u < ws.frac_correct else "wrong_order" if u < ws.frac_correct + ws.frac_wrong_order else "guess"
-        response = demonstration(p, kind, rng)[: config.task.max_response_tokens]
-        seqs.append(encode(p.prompt + response))
+        response = task.demonstration(p, kind, rng)[: config.task.max_response_tokens]
+        seqs.append(task.vocab.encode(p.prompt + response))
         masks.append([0] * (len(p.prompt) - 1) + environment_mask(response))
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -59,14 +61,14 @@ def demo_batch(problems: list[Problem], config: RunConfig, rng: random.Random) -
 
 def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
     """Train a fresh model by SFT and return its state dict (deterministic given the config)."""
-    ws, task = config.warm_start, config.task
+    ws, task = config.warm_start, make_task(config.task)
     model = build_model(config, ws.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=ws.lr)
     rng = random.Random(ws.seed)
-    eval_set = {p.operands for p in make_problems(task.n_eval, task.operand_digits, task.ops, task.eval_seed)}
+    eval_set = {p.key for p in task.eval_problems()}
     for step in range(ws.steps):
-        problems = [p for p in make_problems(ws.batch_size * 2, task.operand_digits, task.ops, rng.randrange(2**31))
-                    if p.operands not in eval_set][: ws.batch_size]
+        problems = [p for p in task.sample(ws.batch_size * 2, rng.randrange(2**31))
+                    if p.key not in eval_set][: ws.batch_size]
         ids, loss_mask = demo_batch(problems, config, rng)
         logits, _ = model(ids[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),

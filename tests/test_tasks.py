@@ -5,16 +5,15 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copc_core.tasks import (
+from copc_core.tasks.base import count_tool_calls, environment_mask
+from copc_core.tasks.tool_math import (
     ERROR,
     MAX_OPERAND_DIGITS,
     Problem,
     calculator,
-    count_tool_calls,
     decode,
     demonstration,
     encode,
-    environment_mask,
     make_problems,
     parse_answer,
     reward,

@@ -1,4 +1,4 @@
-"""Built-in tasks: tool-integrated arithmetic (`tool_math`).
+"""The tool-integrated arithmetic task (`tool_math`).
 
 A prompt is an expression such as `23+58*4=`. The policy may open a calculator call with `[`,
 write `a op b` and close it with `]`; the environment then appends the result and `;` as
@@ -18,23 +18,23 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from copc_core.tasks.base import (
+    ANSWER_END,
+    CALL_CLOSE,
+    CALL_OPEN,
+    ERROR,
+    PAD,
+    RESULT_END,
+    CharVocab,
+    answer_span,
+)
+
 # ---- vocabulary (character level) ----
 
-PAD = "_"
-CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "[", "]", ";", ".", "?"
 VOCAB = PAD + "0123456789+-*=" + CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
-STOI = {ch: i for i, ch in enumerate(VOCAB)}
-PAD_ID = STOI[PAD]
-CALL_CLOSE_ID = STOI[CALL_CLOSE]
-ANSWER_END_ID = STOI[ANSWER_END]
-
-
-def encode(text: str) -> list[int]:
-    return [STOI[ch] for ch in text]
-
-
-def decode(ids: list[int]) -> str:
-    return "".join(VOCAB[i] for i in ids)
+CHARS = CharVocab(VOCAB)
+ANSWER_END_ID = CHARS.answer_end_id
+encode, decode = CHARS.encode, CHARS.decode
 
 
 # ---- the calculator tool ----
@@ -83,6 +83,10 @@ class Problem:
         for op, x in zip(self.ops, self.operands[1:]):
             parts += [op, str(x)]
         return "".join(parts) + "="
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return self.operands
 
     @property
     def answer(self) -> int:
@@ -148,32 +152,13 @@ def demonstration(problem: Problem, kind: str, rng: random.Random) -> str:
     return text + f"{calls[-1][1] if calls else problem.answer}{ANSWER_END}"
 
 
-def environment_mask(response: str) -> list[int]:
-    """1 for characters the policy writes, 0 for tool output (between `]` and `;`, inclusive of `;`)."""
-    mask, in_result = [], False
-    for ch in response:
-        if in_result:
-            mask.append(0)
-            if ch == RESULT_END:
-                in_result = False
-        else:
-            mask.append(1)
-            if ch == CALL_CLOSE:
-                in_result = True
-    return mask
-
-
 # ---- episode scoring ----
 
 
 def parse_answer(response: str) -> int | None:
     """The integer before the final `.`, after the last tool result; None if malformed."""
-    if not response.endswith(ANSWER_END):
-        return None
-    body = response[:-1]
-    start = body.rfind(RESULT_END) + 1
-    tail = body[start:]
-    if CALL_OPEN in tail or CALL_CLOSE in tail:
+    tail = answer_span(response)
+    if tail is None:
         return None
     digits = tail[1:] if tail.startswith("-") else tail
     if not (0 < len(digits) <= MAX_RESULT_DIGITS and all("0" <= c <= "9" for c in digits)):
@@ -188,5 +173,28 @@ def reward(problem: Problem, response: str, format_reward: float) -> float:
     return 1.0 if answer == problem.answer else format_reward
 
 
-def count_tool_calls(response: str) -> int:
-    return response.count(CALL_CLOSE)
+
+class ToolMathTask:
+    """The `Task` interface over this module (copc_core.tasks.base); built from a `TaskConfig`."""
+
+    vocab = CHARS
+
+    def __init__(self, config):
+        self.config = config
+        self.prompt_width = len(make_problems(1, config.operand_digits, config.ops, 0)[0].prompt)
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        return make_problems(n, self.config.operand_digits, self.config.ops, seed)
+
+    def eval_problems(self) -> list[Problem]:
+        c = self.config
+        return make_problems(c.n_eval, c.operand_digits, c.ops, c.eval_seed)
+
+    def tool(self, call: str) -> str:
+        return calculator(call)
+
+    def demonstration(self, problem: Problem, kind: str, rng: random.Random) -> str:
+        return demonstration(problem, kind, rng)
+
+    def reward(self, problem: Problem, response: str, format_reward: float) -> float:
+        return reward(problem, response, format_reward)

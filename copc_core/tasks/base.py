@@ -1,0 +1,93 @@
+"""What every built-in task shares: the episode grammar, a character vocabulary, the task interface.
+
+An episode is a prompt, then a response in which the policy may open a tool call with `[`, write
+the call and close it with `]`; the environment appends the tool's output and `;` as *environment
+tokens* (mask 0). The episode ends with an answer span and `.`. Tasks differ in their problems,
+their tool and how an answer is scored; the sampler, the warm start and the learner only see this
+interface.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Hashable, Protocol
+
+PAD, CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "_", "[", "]", ";", ".", "?"
+SPECIALS = CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
+PAD_ID = 0  # every vocabulary starts with PAD
+
+
+class CharVocab:
+    """A character-level vocabulary; PAD is id 0 and every special of the episode grammar is in it."""
+
+    def __init__(self, chars: str):
+        if chars[PAD_ID] != PAD or len(set(chars)) != len(chars) or any(c not in chars for c in SPECIALS):
+            raise ValueError(f"a vocabulary starts with {PAD!r}, has distinct characters and all of {SPECIALS!r}")
+        self.chars = chars
+        self.stoi = {ch: i for i, ch in enumerate(chars)}
+        self.pad_id = PAD_ID
+        self.answer_end_id = self.stoi[ANSWER_END]
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi[ch] for ch in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+def environment_mask(response: str) -> list[int]:
+    """1 for characters the policy writes, 0 for tool output (between `]` and `;`, inclusive of `;`)."""
+    mask, in_result = [], False
+    for ch in response:
+        if in_result:
+            mask.append(0)
+            if ch == RESULT_END:
+                in_result = False
+        else:
+            mask.append(1)
+            if ch == CALL_CLOSE:
+                in_result = True
+    return mask
+
+
+def answer_span(response: str) -> str | None:
+    """The text before the final `.`, after the last tool result; None if there is no clean span."""
+    if not response.endswith(ANSWER_END):
+        return None
+    body = response[:-1]
+    tail = body[body.rfind(RESULT_END) + 1 :]
+    if not tail or CALL_OPEN in tail or CALL_CLOSE in tail:
+        return None
+    return tail
+
+
+def count_tool_calls(response: str) -> int:
+    return response.count(CALL_CLOSE)
+
+
+class TaskProblem(Protocol):
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def key(self) -> Hashable: ...  # identity for the held-out split
+
+
+class Task(Protocol):
+    """A built-in task. Prompts of one task all have `prompt_width` characters."""
+
+    vocab: CharVocab
+    prompt_width: int
+
+    def sample(self, n: int, seed: int) -> list: ...  # training-side problems (may include held-out keys)
+
+    def eval_problems(self) -> list: ...  # the held-out set, fixed by the task config
+
+    def tool(self, call: str) -> str: ...  # never raises; bounded output; ERROR for a malformed call
+
+    def demonstration(self, problem, kind: str, rng: random.Random) -> str: ...
+
+    def reward(self, problem, response: str, format_reward: float) -> float: ...
