@@ -178,14 +178,21 @@ def claim_tables(rows: list[dict], lags: list[int]) -> str:
                    f"{'yes' if overlap else 'no'} |")
     # (c) stability at the largest k
     k = max(lags)
-    out.append(f"\n#### (c) Stability at k = {k}: collapse rate over all runs of each method\n")
-    out.append("| method | runs | collapsed | final accuracy (mean over runs) | peak |")
-    out.append("|---|---|---|---|---|")
+    out.append(f"\n#### (c) Stability at k = {k}: collapse rate over all runs of each method, and the early warnings\n")
+    out.append("| method | runs | collapsed | final accuracy (mean over runs) | peak | runs with an ESS-drop or "
+               "grad-spike warning | collapsed runs warned before the collapse |")
+    out.append("|---|---|---|---|---|---|---|")
     for m in methods:
         g = runs[(runs["method"] == m) & (runs["staleness"] == k)]
+        mine = [r for r in rows if r["method"] == m and r["staleness"] == k]
         if len(g):
+            warned = [r for r in mine if r["ess_drop_steps"] or r["grad_norm_spike_steps"]]
+            collapsed = [r for r in mine if r["collapsed"] and r["collapse_step"] is not None]
+            early = [r for r in collapsed
+                     if min(r["ess_drop_steps"] + r["grad_norm_spike_steps"], default=math.inf) < r["collapse_step"]]
             out.append(f"| {m} | {len(g)} | {int(g['collapsed'].sum())} ({g['collapsed'].mean():.0%}) | "
-                       f"{g['final_accuracy'].mean():.2f} | {g['peak_accuracy'].mean():.2f} |")
+                       f"{g['final_accuracy'].mean():.2f} | {g['peak_accuracy'].mean():.2f} | {len(warned)} | "
+                       f"{len(early)}/{len(collapsed)} |")
     # region
     out.append("\n#### High-performing region: share of each grid's cells within 90 % of the best cell of the three\n")
     out.append("| k | best of the three | copc (of 9) | copc_policy_only (of 3) | copc_advantage_only (of 3) |")

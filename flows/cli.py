@@ -38,11 +38,14 @@ def _validation_message(err: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, object]):
-    """A RunConfig from an optional JSON file plus CLI overrides (dotted paths), validated once."""
-    from copc_core.config import RunConfig, with_overrides
+def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, object], task: Optional[str] = None,
+                     base=None):
+    """A RunConfig from an optional JSON file (or `base`) plus CLI overrides (dotted paths), validated once.
 
-    base = RunConfig()
+    `task` switches to that built-in task's default section unless the config already runs it."""
+    from copc_core.config import RunConfig, default_task, with_overrides
+
+    base = base or RunConfig()
     if config_file is not None:
         try:
             base = RunConfig.model_validate_json(config_file.read_text())
@@ -50,6 +53,8 @@ def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, o
             _fail(f"cannot read {config_file}: {err}")
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
+        if task is not None and task != base.task.name:
+            given = {"task": default_task(task).model_dump(), **given}
         return with_overrides(base, given)
     except ValidationError as err:
         _fail(_validation_message(err))
@@ -60,6 +65,7 @@ def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, o
 @app.command()
 def train(
     method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)"),
+    task: Optional[str] = typer.Option(None, help="built-in task: tool_math (default) | search"),
     staleness: Optional[int] = typer.Option(None, help="controlled lag k in optimizer steps (0 = synchronous)"),
     tau_policy: Optional[float] = typer.Option(None, help="policy mask band τ_p ≥ 1 (inf: no mask)"),
     tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1"),
@@ -74,12 +80,12 @@ def train(
     runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
     ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
 ) -> None:
-    """Train one run on the embedded default (tiny GPT, tool-math task) in this process."""
+    """Train one run on the embedded default (tiny GPT, tool-math task, or --task search) in this process."""
     cfg = build_run_config(config, {
         "method.name": method, "train.staleness": staleness, "method.tau_policy": tau_policy,
         "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
         "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
-    })
+    }, task)
     if runtime not in ("inprocess", "ray"):
         _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
     from tqdm import tqdm
@@ -89,7 +95,8 @@ def train(
 
     root = data_dir()
     run_dir = run_dir or root / "runs" / cfg.config_hash()
-    typer.echo(f"run {cfg.config_hash()} · method {cfg.method.name} · k = {cfg.train.staleness} · {run_dir}")
+    typer.echo(f"run {cfg.config_hash()} · task {cfg.task.name} · method {cfg.method.name} · k = {cfg.train.staleness}"
+               f" · {run_dir}")
     warm_bar = None
 
     def on_warm(step: int, total: int, loss: float) -> None:
@@ -136,8 +143,13 @@ def methods() -> None:
 
 @app.command()
 def sweep(
-    name: str = typer.Option("embedded-default", help="study / MLflow parent-run name (rerun to resume)"),
-    space_file: Optional[pathlib.Path] = typer.Option(None, "--space", help="a SweepSpace JSON file"),
+    name: Optional[str] = typer.Option(None, help="study / MLflow parent-run name (rerun to resume; default: "
+                                                  "the preset's name)"),
+    preset: str = typer.Option("embedded-default", help="sweep preset: embedded-default | claims-tool-math | "
+                                                        "claims-search (space + base config)"),
+    task: Optional[str] = typer.Option(None, help="built-in task of the base config: tool_math | search"),
+    space_file: Optional[pathlib.Path] = typer.Option(None, "--space", help="a SweepSpace JSON file (replaces the "
+                                                                             "preset's space)"),
     steps: Optional[int] = typer.Option(None, help="learner steps per trial"),
     config: Optional[pathlib.Path] = typer.Option(None, help="base RunConfig JSON (the grid overrides it)"),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder)"),
@@ -146,10 +158,16 @@ def sweep(
     sampler: str = typer.Option("grid", help="grid | tpe"),
 ) -> None:
     """Joint sweep over (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs."""
+    from sweeps.presets import sweep_preset
     from sweeps.space import SweepSpace
 
     try:
-        space = SweepSpace.model_validate_json(space_file.read_text()) if space_file else SweepSpace()
+        preset_space, preset_base = sweep_preset(preset)
+    except ValueError as err:
+        _fail(str(err))
+    name = name or preset
+    try:
+        space = SweepSpace.model_validate_json(space_file.read_text()) if space_file else preset_space
         if steps is not None:
             space = SweepSpace.model_validate({**space.model_dump(), "steps": steps})
     except ValidationError as err:
@@ -158,7 +176,7 @@ def sweep(
         _fail(f"cannot read {space_file}: {err}")
     if sampler not in ("grid", "tpe"):
         _fail(f"--sampler must be grid or tpe, got {sampler!r}")
-    base = build_run_config(config, {})
+    base = build_run_config(config, {}, task, base=preset_base)
     try:
         space.run_config(base, space.grid()[0])
     except ValidationError as err:

@@ -165,8 +165,14 @@ DEPLOYMENT = "embedded"
 
 
 def deployments(data_dir: Optional[str] = None) -> list:
-    """One deployment per flow, its parameters bound explicitly (the embedded defaults)."""
-    return [
+    """One deployment per flow, its parameters bound explicitly (the embedded defaults), plus one
+    `copc-sweep` deployment per other sweep preset (sweeps/presets.py), named after it."""
+    from sweeps.presets import PRESETS
+
+    presets = [copc_sweep.to_deployment(name=name, parameters={"params": SweepParams(
+                   name=name, space=space, base=base, data_dir=data_dir).model_dump(mode="json")})
+               for name, (space, base) in PRESETS.items() if name != "embedded-default"]
+    return presets + [
         copc_train.to_deployment(name=DEPLOYMENT, parameters={"params": TrainParams(data_dir=data_dir).model_dump(mode="json")}),
         copc_sweep.to_deployment(name=DEPLOYMENT, parameters={"params": SweepParams(data_dir=data_dir).model_dump(mode="json")}),
         copc_report.to_deployment(name=DEPLOYMENT, parameters={"params": ReportParams(data_dir=data_dir).model_dump(mode="json")}),

@@ -23,6 +23,7 @@ def copc(*args, data_dir, timeout=300):
     (["--method", "tis", "--tau-policy", "2"], "has no tau_policy"),
     (["--batch-size", "0"], "train.batch_size"),
     (["--batch-size", "30"], "divisible by minibatches"),
+    (["--task", "maze"], "unknown task 'maze'"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
     out = copc("train", *args, data_dir=tmp_path)
@@ -73,3 +74,36 @@ def test_report_of_an_unknown_sweep_exits_2_naming_it(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "no MLflow experiment 'copc'" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "reports").exists()
+
+
+def test_train_task_search_switches_the_task_section(tmp_path):
+    from copc_core.config import SearchTaskConfig, WarmStartConfig
+
+    cfg = tiny_config(steps=1).model_copy(update={"warm_start": WarmStartConfig(steps=2, batch_size=8)})
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(cfg.model_dump_json())
+    out = copc("train", "--config", str(cfg_file), "--task", "search", "--run-dir", str(tmp_path / "run"),
+               data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "task search" in out.stdout
+    written = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert written["task"] == SearchTaskConfig().model_dump(mode="json")
+    assert written["train"] == cfg.model_dump(mode="json")["train"]  # the rest of the file is kept
+
+
+def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):
+    out = copc("sweep", "--preset", "nope", data_dir=tmp_path)
+    assert out.returncode == 2 and "unknown sweep preset 'nope'" in out.stderr and "claims-search" in out.stderr
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_every_sweep_preset_has_a_deployment_with_its_space_and_base():
+    from flows.prefect_flows import SweepParams, deployments
+    from sweeps.presets import PRESETS
+
+    by_name = {(d.flow_name, d.name): d for d in deployments()}
+    for name, (space, base) in PRESETS.items():
+        deployment = by_name["copc-sweep", "embedded" if name == "embedded-default" else name]
+        params = SweepParams.model_validate(deployment.parameters["params"])
+        assert params.space == space and params.base == base and params.name == name
+    assert PRESETS["claims-search"][1].task.name == "search"
