@@ -62,19 +62,40 @@ class MethodConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """The built-in tiny GPT (policy + value head, or a separate critic trunk)."""
+    """The actor–critic: the built-in tiny GPT (`tiny`) or a Hugging Face causal LM (`hf`).
+
+    Either has a value head on the policy's features or, with `separate_critic`, a critic trunk of
+    its own (tiny: a second trunk of the same shape; hf: a second copy of the base model). The
+    n_layer / n_head / n_embd fields shape the tiny GPT only; an HF model's shape is its own config.
+    """
 
     model_config = FROZEN
 
+    backend: Literal["tiny", "hf"] = "tiny"
     n_layer: int = Field(2, ge=1, le=12)
     n_head: int = Field(4, ge=1)
     n_embd: int = Field(64, ge=8)
     separate_critic: bool = False
+    hf_model: str | None = Field(None, min_length=1, description="Hub id or local directory (backend hf)")
+    hf_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    hf_attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
+    system_prompt: str | None = Field(None, description="system turn of the chat template (None: the built-in "
+                                                        "description of the tool grammar; '': none)")
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the model runs (auto: cuda if present)")
+    rollout_engine: Literal["torch", "vllm"] = Field("torch", description="torch sampler, or vLLM (backend hf, GPU)")
+    vllm_gpu_memory_utilization: float = Field(0.35, gt=0.0, le=1.0)
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if (self.backend == "hf") != (self.hf_model is not None):
+            raise ValueError("hf_model is required with backend 'hf' and only valid with it")
+        if self.system_prompt is not None and self.backend != "hf":
+            raise ValueError("system_prompt only applies to backend 'hf'")
+        if self.rollout_engine == "vllm" and self.backend != "hf":
+            raise ValueError("rollout_engine 'vllm' needs backend 'hf' (vLLM serves Hugging Face models)")
         return self
 
 
@@ -184,6 +205,19 @@ class TrainConfig(BaseModel):
         return self
 
 
+class ResourcesConfig(BaseModel):
+    """Ray actor resources for the Ray runtime (`--runtime ray` / `--ray-address`; unused in process)."""
+
+    model_config = FROZEN
+
+    rollout_workers: int = Field(1, ge=1, le=4096)
+    rollout_cpus: float = Field(1.0, gt=0.0)
+    rollout_gpus: float = Field(0.0, ge=0.0)
+    learner_cpus: float = Field(1.0, gt=0.0)
+    learner_gpus: float = Field(0.0, ge=0.0)
+    timeout_s: float = Field(300.0, gt=0.0, description="limit on any one Ray call (weight sync, sampling, a step)")
+
+
 class RunConfig(BaseModel):
     """One training run: validated once, passed down unchanged (to actors, learner, MLflow)."""
 
@@ -194,6 +228,7 @@ class RunConfig(BaseModel):
     task: Annotated[Union[TaskConfig, SearchTaskConfig], Field(discriminator="name")] = TaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     train: TrainConfig = TrainConfig()
+    resources: ResourcesConfig = ResourcesConfig()
 
     @model_validator(mode="after")
     def _method_fits_schedule(self) -> RunConfig:

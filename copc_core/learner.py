@@ -22,8 +22,7 @@ from copc_core.corrections import behavior_log_ratio
 from copc_core.diagnostics import explained_variance, ratio_diagnostics, trace_diagnostics
 from copc_core.losses import clipped_value_loss, ppo_actor_loss
 from copc_core.methods import MethodSpec, correct_policy, estimate_advantages
-from copc_core.models import TinyGPT
-from copc_core.rollout import TrajectoryBatch
+from copc_core.rollout import ActorCritic, TrajectoryBatch
 from copc_core.tensors import NonFiniteError, masked_mean
 
 
@@ -31,7 +30,7 @@ class NonFiniteUpdateError(NonFiniteError):
     """A loss or gradient was NaN/inf; the optimizer step was not taken."""
 
 
-def response_logprobs(model: TinyGPT, batch: TrajectoryBatch, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+def response_logprobs(model: ActorCritic, batch: TrajectoryBatch, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
     """log π(y_t), V(s_t) and the entropy of π(·|s_t) at every response position, all [B, T].
 
     The model reads prompt + response[:-1]; position P−1+t predicts response token t, and its value
@@ -50,7 +49,7 @@ def response_logprobs(model: TinyGPT, batch: TrajectoryBatch, temperature: float
 class Learner:
     """Holds the trainable model and its optimiser; `step(batch)` performs one PPO update."""
 
-    def __init__(self, model: TinyGPT, config: RunConfig, generator: torch.Generator):
+    def __init__(self, model: ActorCritic, config: RunConfig, generator: torch.Generator):
         self.model = model
         self.config = config
         self.spec: MethodSpec = config.method.spec()  # looked up once
@@ -62,6 +61,7 @@ class Learner:
     def step(self, batch: TrajectoryBatch) -> dict[str, float]:
         start = time.perf_counter()
         batch.validate()
+        batch = batch.to(next(self.model.parameters()).device)
         m, t = self.config.method, self.config.train
         mask = batch.mask
         with torch.no_grad():

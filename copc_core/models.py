@@ -125,6 +125,10 @@ class TinyGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def max_length(self) -> int:
+        return self.shape.block_size
+
     def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         if idx.shape[1] > self.shape.block_size:
             raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds block_size {self.shape.block_size}")

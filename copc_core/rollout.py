@@ -15,9 +15,18 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from copc_core.models import TinyGPT
 from copc_core.tensors import NonFiniteError
-from copc_core.tasks.base import CALL_CLOSE, CALL_OPEN, ERROR, PAD_ID, RESULT_END, Task, count_tool_calls
+from copc_core.tasks.base import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ERROR,
+    PAD_ID,
+    RESULT_END,
+    CharCodec,
+    Codec,
+    Task,
+    count_tool_calls,
+)
 
 
 @dataclass
@@ -33,6 +42,7 @@ class TrajectoryBatch:
     problems: list  # the task's problem records
     responses: list[str]
     truncated: Tensor  # [B] bool: hit max_response_tokens without an answer
+    pad_id: int = PAD_ID  # the codec's padding token (prompts are left-padded with it)
 
     @property
     def size(self) -> int:
@@ -48,23 +58,34 @@ class TrajectoryBatch:
             if not torch.isfinite(getattr(self, name)).all():
                 raise NonFiniteBatchError(f"non-finite values in {name}")
 
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
+        """The tensors on `device` (the same object when they are there already)."""
+        if self.mask.device == torch.device(device):
+            return self
+        move = [getattr(self, n).to(device) for n in ("prompt_ids", "response_ids", "mask", "logp_behavior", "version",
+                                                      "rewards")]
+        return TrajectoryBatch(*move, self.problems, self.responses, self.truncated.to(device), self.pad_id)
+
     def select(self, index: Tensor) -> TrajectoryBatch:
         idx = index.tolist()
         return TrajectoryBatch(self.prompt_ids[index], self.response_ids[index], self.mask[index],
                                self.logp_behavior[index], self.version[index], self.rewards[index],
                                [self.problems[i] for i in idx], [self.responses[i] for i in idx],
-                               self.truncated[index])
+                               self.truncated[index], self.pad_id)
 
     @staticmethod
     def concat(batches: list[TrajectoryBatch]) -> TrajectoryBatch:
         T = max(b.response_ids.shape[1] for b in batches)
+        P = max(b.prompt_ids.shape[1] for b in batches)
+        pad_id = batches[0].pad_id
 
         def pad(x: Tensor, value) -> Tensor:
             return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
 
         return TrajectoryBatch(
-            torch.cat([b.prompt_ids for b in batches]),
-            torch.cat([pad(b.response_ids, PAD_ID) for b in batches]),
+            torch.cat([torch.nn.functional.pad(b.prompt_ids, (P - b.prompt_ids.shape[1], 0), value=pad_id)
+                       for b in batches]),
+            torch.cat([pad(b.response_ids, pad_id) for b in batches]),
             torch.cat([pad(b.mask, 0.0) for b in batches]),
             torch.cat([pad(b.logp_behavior, 0.0) for b in batches]),
             torch.cat([pad(b.version, -1) for b in batches]),
@@ -72,11 +93,27 @@ class TrajectoryBatch:
             [p for b in batches for p in b.problems],
             [r for b in batches for r in b.responses],
             torch.cat([b.truncated for b in batches]),
+            pad_id,
         )
 
 
 class NonFiniteBatchError(NonFiniteError):
     """A rollout produced NaN/inf log-probabilities or rewards."""
+
+
+class ActorCritic(Protocol):
+    """What the sampler and the learner need from a model (TinyGPT, copc_core.hf.HFActorCritic).
+
+    forward(idx [B, T]) → (logits [B, T, V], values [B, T]); `policy_step` continues a cache.
+    """
+
+    max_length: int
+
+    def __call__(self, idx: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def policy_step(self, idx: Tensor, cache) -> Tensor: ...
+
+    def new_cache(self, batch: int): ...
 
 
 class RolloutEngine(Protocol):
@@ -87,39 +124,63 @@ class RolloutEngine(Protocol):
 
 
 class ToolEpisodes:
-    """Per-sequence environment state: call spans, tool-call budget, queued tool output."""
+    """Per-sequence environment state: response ids and text, tool-call budget, queued tool output."""
 
-    def __init__(self, n: int, task: Task, max_tool_calls: int):
+    def __init__(self, n: int, task: Task, codec: Codec, max_tool_calls: int):
         self.task = task
-        self.text = [[] for _ in range(n)]
+        self.codec = codec
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.text: list[list[str]] = [[] for _ in range(n)]
         self.queue: list[list[int]] = [[] for _ in range(n)]
         self.max_tool_calls = max_tool_calls
         self.calls = [0] * n
 
-    def on_policy_token(self, i: int, ch: str) -> None:
-        self.text[i].append(ch)
-        if ch != CALL_CLOSE:
-            return
+    def _append(self, i: int, token: int) -> str:
+        piece = self.codec.piece(self.ids[i], token)
+        self.ids[i].append(token)
+        self.text[i].append(piece)
+        return piece
+
+    def on_policy_token(self, i: int, token: int) -> str:
+        """Record a policy token; a `]` in it closes a tool call and queues the tool's output."""
+        piece = self._append(i, token)
+        if CALL_CLOSE not in piece:
+            return piece
         body = "".join(self.text[i])
-        start = body.rfind(CALL_OPEN)
+        close = body.rfind(CALL_CLOSE)
+        start = body.rfind(CALL_OPEN, 0, close)
         self.calls[i] += 1
-        if start < 0 or body.rfind(RESULT_END) > start or self.calls[i] > self.max_tool_calls:
+        if start < 0 or body.rfind(RESULT_END, 0, close) > start or self.calls[i] > self.max_tool_calls:
             result = ERROR
         else:
-            result = self.task.tool(body[start + 1 : -1])
-        self.queue[i] = self.task.vocab.encode(result + RESULT_END)
+            result = self.task.tool(body[start + 1 : close])
+        self.queue[i] = self.codec.env_ids(result + RESULT_END)
+        return piece
 
-    def on_env_token(self, i: int, ch: str) -> None:
-        self.text[i].append(ch)
+    def on_env_token(self, i: int, token: int) -> None:
+        self._append(i, token)
+
+
+def left_pad(prompts: list[list[int]], codec: Codec) -> Tensor:
+    """Prompt ids [B, P], shorter prompts padded on the left (only where the model masks padding)."""
+    P = max(len(p) for p in prompts)
+    if any(len(p) != P for p in prompts) and not codec.supports_padding:
+        raise ValueError("all prompts of a batch must have the same length")
+    return torch.tensor([[codec.pad_id] * (P - len(p)) + p for p in prompts], dtype=torch.long)
 
 
 class TorchSampler:
-    """The embedded rollout engine: `TinyGPT` + KV cache + the task's tool environment, on CPU."""
+    """The torch rollout engine: a model's KV cache + the task's tool environment, batched.
 
-    def __init__(self, model: TinyGPT, task: Task, max_response_tokens: int, max_tool_calls: int, temperature: float,
-                 format_reward: float):
+    Runs the tiny GPT (embedded default) or a Hugging Face model (copc_core.hf) on CPU or GPU;
+    the codec turns the task's text into the model's tokens.
+    """
+
+    def __init__(self, model: ActorCritic, task: Task, max_response_tokens: int, max_tool_calls: int, temperature: float,
+                 format_reward: float, codec: Codec | None = None):
         self.model = model
         self.task = task
+        self.codec = codec if codec is not None else CharCodec(task.vocab)
         self.max_response_tokens = max_response_tokens
         self.max_tool_calls = max_tool_calls
         self.temperature = temperature
@@ -134,23 +195,21 @@ class TorchSampler:
     def sample(self, problems: list, version: int | None = None, generator: torch.Generator | None = None,
                greedy: bool = False) -> TrajectoryBatch:
         version = self.version if version is None else version
-        vocab = self.task.vocab
-        prompts = [vocab.encode(p.prompt) for p in problems]
-        if len({len(p) for p in prompts}) != 1:
-            raise ValueError("all prompts of a batch must have the same length")
-        B, P, T = len(prompts), len(prompts[0]), self.max_response_tokens
-        if P + T > self.model.shape.block_size:
-            raise ValueError(f"prompt {P} + response {T} tokens exceed block_size {self.model.shape.block_size}")
-        prompt_ids = torch.tensor(prompts, dtype=torch.long)
-        tokens = torch.full((B, T), vocab.pad_id, dtype=torch.long)
+        codec = self.codec
+        prompt_ids = left_pad([codec.prompt_ids(p) for p in problems], codec)
+        (B, P), T = prompt_ids.shape, self.max_response_tokens
+        if P + T > self.model.max_length:
+            raise ValueError(f"prompt {P} + response {T} tokens exceed the model's {self.model.max_length}")
+        tokens = torch.full((B, T), codec.pad_id, dtype=torch.long)
         mask = torch.zeros(B, T)
         logp = torch.zeros(B, T)
-        env = ToolEpisodes(B, self.task, self.max_tool_calls)
+        env = ToolEpisodes(B, self.task, codec, self.max_tool_calls)
         done = [False] * B
         was_model = self.model.training
         self.model.eval()
+        device = next(self.model.parameters()).device
         cache = self.model.new_cache(B)
-        logits = self.model.policy_step(prompt_ids, cache)  # prefill: [B, V]
+        logits = self.model.policy_step(prompt_ids.to(device), cache).float().cpu()  # prefill: [B, V]
         steps = 0
         for t in range(T):
             steps = t + 1
@@ -163,20 +222,19 @@ class TorchSampler:
             next_ids, is_policy = [], []
             for i in range(B):
                 if done[i]:
-                    next_ids.append(vocab.pad_id)
+                    next_ids.append(codec.pad_id)
                     is_policy.append(False)
                 elif env.queue[i]:
                     tok = env.queue[i].pop(0)
-                    env.on_env_token(i, vocab.chars[tok])
+                    env.on_env_token(i, tok)
                     next_ids.append(tok)
                     is_policy.append(False)
                 else:
                     tok = sampled_list[i]
-                    env.on_policy_token(i, vocab.chars[tok])
+                    piece = env.on_policy_token(i, tok)
                     next_ids.append(tok)
                     is_policy.append(True)
-                    if tok == vocab.answer_end_id:
-                        done[i] = True
+                    done[i] = codec.ends(tok, piece)
             next_tok = torch.tensor(next_ids, dtype=torch.long)
             policy = torch.tensor(is_policy)
             tokens[:, t] = next_tok
@@ -184,7 +242,7 @@ class TorchSampler:
             logp[:, t] = torch.where(policy, logp_all.gather(1, sampled[:, None]).squeeze(1), 0.0)
             if all(done) or t == T - 1:
                 break
-            logits = self.model.policy_step(next_tok[:, None], cache)
+            logits = self.model.policy_step(next_tok[:, None].to(device), cache).float().cpu()
         self.model.train(was_model)
         tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
         responses = ["".join(chars) for chars in env.text]
@@ -193,7 +251,7 @@ class TorchSampler:
         scores = torch.tensor([self.task.reward(p, r, self.format_reward) for p, r in zip(problems, responses)])
         rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
         return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
-                               rewards, list(problems), responses, torch.tensor([not d for d in done]))
+                               rewards, list(problems), responses, torch.tensor([not d for d in done]), codec.pad_id)
 
 
 def episode_stats(batch: TrajectoryBatch) -> dict[str, float]:

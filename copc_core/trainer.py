@@ -19,15 +19,16 @@ import torch
 
 from copc_core.config import RunConfig
 from copc_core.learner import Learner
-from copc_core.rollout import TorchSampler, episode_stats
+from copc_core.rollout import RolloutEngine, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tasks import make_task
 from copc_core.tensors import NonFiniteError
-from copc_core.warmstart import build_model
+from copc_core.backends import build_model, make_engine
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A CPU copy of the weights (travels through Ray's object store and checkpoints as is)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:
@@ -59,7 +60,7 @@ def sampling_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(step_seed(seed, step, 1))
 
 
-def evaluate(sampler: TorchSampler, problems: list, config: RunConfig, step: int) -> dict[str, float]:
+def evaluate(sampler: RolloutEngine, problems: list, config: RunConfig, step: int) -> dict[str, float]:
     """Held-out accuracy of the sampler's current weights: temperature-1 samples and greedy."""
     greedy = sampler.sample(problems, step, None, greedy=True)
     sampled = sampler.sample(problems, step, torch.Generator().manual_seed(config.task.eval_seed + step))
@@ -70,10 +71,9 @@ def evaluate(sampler: TorchSampler, problems: list, config: RunConfig, step: int
             "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
 
 
-def make_sampler(config: RunConfig) -> TorchSampler:
-    t = config.train
-    return TorchSampler(build_model(config, t.seed), make_task(config.task), config.task.max_response_tokens,
-                        config.task.max_tool_calls, t.temperature, config.task.format_reward)
+def make_sampler(config: RunConfig) -> RolloutEngine:
+    """The configured rollout engine (copc_core.backends.ENGINES)."""
+    return make_engine(config)
 
 
 class Trainer:

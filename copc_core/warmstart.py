@@ -16,23 +16,9 @@ import random
 import torch
 
 from copc_core.config import RunConfig
-from copc_core.models import GPTShape, TinyGPT
+from copc_core.backends import build_model, make_codec, model_shape  # noqa: F401  (re-exported)
 from copc_core.tasks import make_task
-from copc_core.tasks.base import environment_mask
-
-
-def model_shape(config: RunConfig) -> GPTShape:
-    task = make_task(config.task)
-    return GPTShape(vocab_size=len(task.vocab), block_size=task.prompt_width + config.task.max_response_tokens,
-                    n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
-                    separate_critic=config.model.separate_critic)
-
-
-def build_model(config: RunConfig, seed: int) -> TinyGPT:
-    """A freshly initialised model; initialisation uses a private RNG (global state untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return TinyGPT(model_shape(config))
+from copc_core.tasks.base import Codec
 
 
 def warm_start_key(config: RunConfig) -> str:
@@ -40,22 +26,30 @@ def warm_start_key(config: RunConfig) -> str:
     return config.config_hash("model", "task", "warm_start")
 
 
-def demo_batch(problems: list, config: RunConfig, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids [B, P + T] and a loss mask [B, P + T − 1] over the policy tokens of each response."""
+def demo_batch(problems: list, config: RunConfig, rng: random.Random, codec: Codec | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, P + T] and a loss mask [B, P + T − 1] over the policy tokens of each response.
+
+    Prompts are left-padded to a shared width P (as the sampler lays them out), responses
+    right-padded; responses are cut at `max_response_tokens` tokens.
+    """
     ws, task = config.warm_start, make_task(config.task)
-    seqs, masks = [], []
+    codec = codec if codec is not None else make_codec(config)
+    prompts, responses = [], []
     for p in problems:
         u = rng.random()
         kind = "correct" if u < ws.frac_correct else "wrong_order" if u < ws.frac_correct + ws.frac_wrong_order else "guess"
-        response = task.demonstration(p, kind, rng)[: config.task.max_response_tokens]
-        seqs.append(task.vocab.encode(p.prompt + response))
-        masks.append([0] * (len(p.prompt) - 1) + environment_mask(response))
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(seqs), width - 1)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        ids[i, : len(s)] = torch.tensor(s)
-        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        ids, mask = codec.response_ids(task.demonstration(p, kind, rng))
+        prompts.append(codec.prompt_ids(p))
+        responses.append((ids[: config.task.max_response_tokens], mask[: config.task.max_response_tokens]))
+    P = max(len(p) for p in prompts)
+    width = P + max(len(r) for r, _ in responses)
+    ids = torch.full((len(prompts), width), codec.pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(prompts), width - 1)
+    for i, (prompt, (response, mask)) in enumerate(zip(prompts, responses)):
+        ids[i, P - len(prompt) : P] = torch.tensor(prompt)
+        ids[i, P : P + len(response)] = torch.tensor(response, dtype=torch.long)
+        loss_mask[i, P - 1 : P - 1 + len(mask)] = torch.tensor(mask, dtype=torch.float)
     return ids, loss_mask
 
 
@@ -63,13 +57,16 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
     """Train a fresh model by SFT and return its state dict (deterministic given the config)."""
     ws, task = config.warm_start, make_task(config.task)
     model = build_model(config, ws.seed)
+    codec = make_codec(config)
+    device = next(model.parameters()).device
     optimizer = torch.optim.Adam(model.parameters(), lr=ws.lr)
     rng = random.Random(ws.seed)
     eval_set = {p.key for p in task.eval_problems()}
     for step in range(ws.steps):
         problems = [p for p in task.sample(ws.batch_size * 2, rng.randrange(2**31))
                     if p.key not in eval_set][: ws.batch_size]
-        ids, loss_mask = demo_batch(problems, config, rng)
+        ids, loss_mask = demo_batch(problems, config, rng, codec)
+        ids, loss_mask = ids.to(device), loss_mask.to(device)
         logits, _ = model(ids[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                                                  reduction="none")
@@ -79,4 +76,4 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
         optimizer.step()
         if progress is not None:
             progress(step + 1, ws.steps, float(loss.detach()))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

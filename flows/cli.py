@@ -79,15 +79,40 @@ def train(
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
     runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
     ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
+    preset: Optional[str] = typer.Option(None, help="run preset (base config): embedded-default | embedded-search | "
+                                                    "scale-out-qwen2.5-0.5b | scale-out-qwen2.5-1.5b-search"),
+    hf_model: Optional[str] = typer.Option(None, help="a Hugging Face causal LM (Hub id or local directory) "
+                                                      "instead of the tiny GPT"),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | auto (where the model runs)"),
+    rollout_workers: Optional[int] = typer.Option(None, help="Ray rollout actors (one GPU each in the scale-out "
+                                                             "presets)"),
 ) -> None:
-    """Train one run on the embedded default (tiny GPT, tool-math task, or --task search) in this process."""
+    """Train one run: the embedded default (tiny GPT, tool-math task, or --task search), a preset, or an HF model."""
+    base = None
+    if preset is not None:
+        from copc_core.run_presets import run_preset
+
+        try:
+            base = run_preset(preset)
+        except ValueError as err:
+            _fail(str(err))
+    if config is not None and base is not None:
+        _fail("give --config or --preset, not both")
     cfg = build_run_config(config, {
         "method.name": method, "train.staleness": staleness, "method.tau_policy": tau_policy,
         "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
         "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
-    }, task)
+        "model.backend": "hf" if hf_model else None, "model.hf_model": hf_model, "model.device": device,
+        "resources.rollout_workers": rollout_workers,
+    }, task, base=base)
     if runtime not in ("inprocess", "ray"):
         _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
+    from copc_core.backends import device as model_device
+
+    try:
+        model_device(cfg)  # the warm start and the in-process learner run here
+    except RuntimeError as err:
+        _fail(f"{err} (this run needs a GPU machine; --device cpu runs it here, slowly)")
     from tqdm import tqdm
 
     from infra.local_run import train_in_process, train_on_ray
@@ -139,6 +164,28 @@ def methods() -> None:
 
     for name, row in METHODS.items():
         typer.echo(f"{name:<22s} {row.description}  [{row.source}]")
+
+
+@app.command("hf-tiny")
+def hf_tiny(
+    path: pathlib.Path = typer.Argument(..., help="directory to write the model and tokenizer to"),
+    task: str = typer.Option("tool_math", help="built-in task whose demonstrations train the tokenizer"),
+    hidden: int = typer.Option(64, help="hidden size"),
+    layers: int = typer.Option(2, help="transformer layers"),
+) -> None:
+    """Write a tiny Hugging Face model (Llama architecture, BPE tokenizer, chat template) built from a config.
+
+    Nothing is downloaded; train it with `copc train --hf-model PATH` to try the HF backend on a CPU."""
+    from copc_core.config import default_task
+    from copc_core.hf import save_tiny_model
+    from copc_core.tasks import make_task
+
+    try:
+        task_config = default_task(task)
+    except ValueError as err:
+        _fail(str(err))
+    out = save_tiny_model(path, make_task(task_config), hidden=hidden, layers=layers)
+    typer.echo(f"tiny HF model for {task} in {out}; train it with: copc train --hf-model {out} --task {task}")
 
 
 @app.command()

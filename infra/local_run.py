@@ -77,7 +77,7 @@ def train_on_ray(
     run_dir = _start_run_dir(config, run_dir)
     warm = cached_warm_start(config, cache_dir, on_warm_start)
     init_ray(address)
-    trainer = RayTrainer(config, warm, RayResources(torch_threads=config.train.torch_threads))
+    trainer = RayTrainer(config, warm, RayResources.from_config(config))
     checkpoint = run_dir / CHECKPOINT
     try:
         if resume and checkpoint.exists():

@@ -58,6 +58,13 @@ class RayResources:
     torch_threads: int = 1
     timeout_s: float = 300.0
 
+    @classmethod
+    def from_config(cls, config: RunConfig) -> RayResources:
+        r = config.resources
+        return cls(rollout_workers=r.rollout_workers, rollout_cpus=r.rollout_cpus, learner_cpus=r.learner_cpus,
+                   rollout_gpus=r.rollout_gpus, learner_gpus=r.learner_gpus, torch_threads=config.train.torch_threads,
+                   timeout_s=r.timeout_s)
+
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join a cluster at `address`, or start a local Ray bound to 127.0.0.1 (no dashboard)."""

@@ -18,3 +18,15 @@ def tiny_warm_state():
     from copc_core.warmstart import warm_start
 
     return warm_start(tiny_config())
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need a CUDA GPU and vLLM: skipped, with the reason, where either is missing."""
+    from copc_core.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason is None:
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))

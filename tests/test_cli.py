@@ -8,8 +8,8 @@ import pytest
 from tests.conftest import tiny_config
 
 
-def copc(*args, data_dir, timeout=300):
-    env = dict(os.environ, COPC_DATA_DIR=str(data_dir))
+def copc(*args, data_dir, timeout=300, **extra_env):
+    env = dict(os.environ, COPC_DATA_DIR=str(data_dir), **extra_env)
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
@@ -24,6 +24,11 @@ def copc(*args, data_dir, timeout=300):
     (["--batch-size", "0"], "train.batch_size"),
     (["--batch-size", "30"], "divisible by minibatches"),
     (["--task", "maze"], "unknown task 'maze'"),
+    (["--preset", "huge"], "unknown run preset 'huge'; presets: embedded-default"),
+    (["--hf-model", ""], "model.hf_model"),
+    (["--device", "tpu"], "model.device"),
+    (["--rollout-workers", "0"], "resources.rollout_workers"),
+    (["--preset", "scale-out-qwen2.5-0.5b"], "needs a GPU machine"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
     out = copc("train", *args, data_dir=tmp_path)
@@ -107,3 +112,31 @@ def test_every_sweep_preset_has_a_deployment_with_its_space_and_base():
         params = SweepParams.model_validate(deployment.parameters["params"])
         assert params.space == space and params.base == base and params.name == name
     assert PRESETS["claims-search"][1].task.name == "search"
+
+
+def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path):
+    """`copc hf-tiny` builds a model from a config (no download); `copc train --hf-model` runs COPC on it."""
+    model_dir = tmp_path / "tiny-hf"
+    out = copc("hf-tiny", str(model_dir), "--hidden", "32", data_dir=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (model_dir / "config.json").exists() and (model_dir / "tokenizer.json").exists()
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
+    out = copc("train", "--config", str(cfg_file), "--hf-model", str(model_dir), "--run-dir", str(tmp_path / "run"),
+               data_dir=tmp_path, timeout=600, HF_HUB_OFFLINE="1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps_completed"] == 2 and summary["staleness_max"] == 1.0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["backend"] == "hf" and saved["model"]["hf_model"] == str(model_dir)
+
+
+def test_the_run_presets_validate_and_size_the_cluster():
+    from copc_core.run_presets import RUN_PRESETS
+
+    for name, cfg in RUN_PRESETS.items():
+        assert type(cfg).model_validate_json(cfg.model_dump_json()) == cfg
+        if name.startswith("scale-out"):
+            m, r = cfg.model, cfg.resources
+            assert (m.backend, m.rollout_engine, m.device) == ("hf", "vllm", "cuda") and m.hf_model.startswith("Qwen/")
+            assert r.rollout_gpus == 1 and r.learner_gpus == 1 and cfg.train.staleness > 0

@@ -38,6 +38,39 @@ class CharVocab:
         return "".join(self.chars[i] for i in ids)
 
 
+class CharCodec:
+    """Token ids ↔ text for the built-in models: one token per character of the task vocabulary.
+
+    The rollout engines, the warm start and the learner see a task's text only through a codec
+    (`pad_id`, `prompt_ids`, `env_ids`, `piece`, `ends`, `response_ids`); the Hugging Face backend
+    (copc_core.hf) implements the same methods with a subword tokenizer.
+    """
+
+    supports_padding = False  # the tiny GPT has no attention mask: prompts of a batch share one length
+
+    def __init__(self, vocab: CharVocab):
+        self.vocab = vocab
+        self.pad_id = vocab.pad_id
+
+    def prompt_ids(self, problem) -> list[int]:
+        return self.vocab.encode(problem.prompt)
+
+    def env_ids(self, text: str) -> list[int]:
+        return self.vocab.encode(text)
+
+    def piece(self, previous: list[int], token: int) -> str:
+        """The text `token` adds after the response tokens `previous`."""
+        return self.vocab.chars[token]
+
+    def ends(self, token: int, piece: str) -> bool:
+        """Whether a policy token (adding `piece`) ends the episode."""
+        return token == self.vocab.answer_end_id
+
+    def response_ids(self, response: str) -> tuple[list[int], list[int]]:
+        """Token ids of a demonstration and their policy mask (0 on tool output)."""
+        return self.vocab.encode(response), environment_mask(response)
+
+
 def environment_mask(response: str) -> list[int]:
     """1 for characters the policy writes, 0 for tool output (between `]` and `;`, inclusive of `;`)."""
     mask, in_result = [], False
@@ -66,6 +99,23 @@ def answer_span(response: str) -> str | None:
 
 def count_tool_calls(response: str) -> int:
     return response.count(CALL_CLOSE)
+
+
+class Codec(Protocol):
+    """Token ids ↔ text for one model family (CharCodec; copc_core.hf.HFCodec)."""
+
+    pad_id: int
+    supports_padding: bool  # prompts of different token lengths may share a batch (left padding)
+
+    def prompt_ids(self, problem) -> list[int]: ...
+
+    def env_ids(self, text: str) -> list[int]: ...
+
+    def piece(self, previous: list[int], token: int) -> str: ...
+
+    def ends(self, token: int, piece: str) -> bool: ...
+
+    def response_ids(self, response: str) -> tuple[list[int], list[int]]: ...
 
 
 class TaskProblem(Protocol):

@@ -1,0 +1,103 @@
+"""Model backends behind one table: the built-in tiny GPT and any Hugging Face causal LM.
+
+A backend builds the actor–critic (`forward(idx) → (logits, values)`, `policy_step`, `new_cache`,
+`max_length`) and the codec that turns a task's text into its tokens. The sampler, the warm start,
+the learner, the trainer and the Ray runtime look the backend up here once and are otherwise the
+same for both. The rollout engine (torch sampler or vLLM) is chosen from a second table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from copc_core.config import RunConfig
+from copc_core.models import GPTShape, TinyGPT
+from copc_core.rollout import ActorCritic, RolloutEngine, TorchSampler
+from copc_core.tasks import make_task
+from copc_core.tasks.base import CharCodec, Codec
+
+
+@dataclass(frozen=True)
+class Backend:
+    build: Callable[[RunConfig, int], ActorCritic]  # (config, seed) → a model (weights: init or pretrained)
+    codec: Callable[[RunConfig], Codec]
+
+
+def model_shape(config: RunConfig) -> GPTShape:
+    task = make_task(config.task)
+    return GPTShape(vocab_size=len(task.vocab), block_size=task.prompt_width + config.task.max_response_tokens,
+                    n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
+                    separate_critic=config.model.separate_critic)
+
+
+def _tiny(config: RunConfig, seed: int) -> TinyGPT:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TinyGPT(model_shape(config))
+
+
+def _hf(config: RunConfig, seed: int) -> ActorCritic:
+    from copc_core.hf import load_actor_critic
+
+    m = config.model
+    return load_actor_critic(m.hf_model, m.separate_critic, m.hf_dtype, m.hf_attn_implementation, seed)
+
+
+def _hf_codec(config: RunConfig) -> Codec:
+    from copc_core.hf import HFCodec, load_tokenizer
+
+    return HFCodec(load_tokenizer(config.model.hf_model), config.model.system_prompt)
+
+
+BACKENDS: dict[str, Backend] = {
+    "tiny": Backend(_tiny, lambda config: CharCodec(make_task(config.task).vocab)),
+    "hf": Backend(_hf, _hf_codec),
+}
+
+
+def backend(config: RunConfig) -> Backend:
+    return BACKENDS[config.model.backend]
+
+
+def device(config: RunConfig) -> torch.device:
+    wanted = config.model.device
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but torch sees no CUDA device")
+    return torch.device(wanted)
+
+
+def build_model(config: RunConfig, seed: int) -> ActorCritic:
+    """A model of the configured backend on its device; initialisation uses a private RNG."""
+    return backend(config).build(config, seed).to(device(config))
+
+
+def make_codec(config: RunConfig) -> Codec:
+    return backend(config).codec(config)
+
+
+def _torch_engine(config: RunConfig) -> RolloutEngine:
+    t, task = config.train, config.task
+    return TorchSampler(build_model(config, t.seed), make_task(task), task.max_response_tokens, task.max_tool_calls,
+                        t.temperature, task.format_reward, make_codec(config))
+
+
+def _vllm_engine(config: RunConfig) -> RolloutEngine:
+    from copc_core.vllm_engine import VLLMEngine
+
+    m, t, task = config.model, config.train, config.task
+    return VLLMEngine(m.hf_model, make_task(task), make_codec(config), task.max_response_tokens, task.max_tool_calls,
+                      t.temperature, task.format_reward, seed=t.seed, dtype=m.vllm_dtype,
+                      gpu_memory_utilization=m.vllm_gpu_memory_utilization)
+
+
+ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {"torch": _torch_engine, "vllm": _vllm_engine}
+
+
+def make_engine(config: RunConfig) -> RolloutEngine:
+    """The configured rollout engine (sample / load_weights), with the run's initial weights."""
+    return ENGINES[config.model.rollout_engine](config)
