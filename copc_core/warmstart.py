@@ -76,4 +76,8 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
         optimizer.step()
         if progress is not None:
             progress(step + 1, ws.steps, float(loss.detach()))
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    if device.type == "cuda":  # hand the memory back: vLLM workers may share this GPU next
+        del model, optimizer
+        torch.cuda.empty_cache()
+    return state

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from copc_core.config import RunConfig, SearchTaskConfig, TrainConfig, WarmStartConfig, default_task, with_overrides
 from copc_core.rollout import ToolEpisodes
 from copc_core.tasks import make_task
-from copc_core.tasks.base import CALL_CLOSE, CALL_OPEN, ERROR, RESULT_END, answer_span, environment_mask
+from copc_core.tasks.base import CALL_CLOSE, CALL_OPEN, ERROR, RESULT_END, CharCodec, answer_span, environment_mask
 from copc_core.tasks.search import MAX_QUERY_CHARS, RELATIONS, SearchTask, parse_query
 from copc_core.trainer import ProblemStream, Trainer
 from copc_core.warmstart import model_shape, warm_start, warm_start_key
@@ -68,17 +68,17 @@ def test_search_tool_fuzz_on_the_vocabulary(text):
 
 def replay(task, prompt_response: str, prompt: str) -> str:
     """Feed a response through the sampler's environment: policy characters in, tool output out."""
-    env = ToolEpisodes(1, task, max_tool_calls=3)
+    env = ToolEpisodes(1, task, CharCodec(task.vocab), max_tool_calls=3)
     response = prompt_response[len(prompt):]
     mask = environment_mask(response)
     written = []
     for ch, m in zip(response, mask):
         if m == 1:
-            env.on_policy_token(0, ch)
+            env.on_policy_token(0, task.vocab.stoi[ch])
         else:
-            expected = task.vocab.chars[env.queue[0].pop(0)]
-            assert ch == expected  # the demonstration's tool output is what the environment appends
-            env.on_env_token(0, ch)
+            token = env.queue[0].pop(0)
+            assert ch == task.vocab.chars[token]  # the demonstration's tool output is what the environment appends
+            env.on_env_token(0, token)
         written.append(ch)
     assert not env.queue[0]
     return "".join(written)
