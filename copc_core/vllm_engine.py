@@ -66,7 +66,9 @@ class VLLMEngine:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")
         from vllm import LLM
 
-        self.llm = LLM(model=model, seed=seed, logprobs_mode="processed_logprobs",
+        # generation_config="vllm": ignore the checkpoint's sampling defaults (top-k/top-p would make μ a
+        # truncated distribution the learner's full softmax does not recompute)
+        self.llm = LLM(model=model, seed=seed, logprobs_mode="processed_logprobs", generation_config="vllm",
                        worker_extension_cls=f"{__name__}.WeightSyncExtension", **engine_kwargs)
         self.task = task
         self.codec = codec
@@ -94,7 +96,7 @@ class VLLMEngine:
     def _params(self, max_tokens: int, greedy: bool, seed: int | None):
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=0.0 if greedy else self.temperature, max_tokens=max_tokens, logprobs=0,
+        return SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0, max_tokens=max_tokens, logprobs=0,
                               stop=[CALL_CLOSE, "."], include_stop_str_in_output=True, seed=seed,
                               skip_special_tokens=False)
 
@@ -121,6 +123,9 @@ class VLLMEngine:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             for i, out in zip(active, outputs):
                 completion = out.outputs[0]
+                if not completion.token_ids:  # nothing generated: nothing more will be
+                    done[i] = True
+                    continue
                 for token, lp in zip(completion.token_ids, completion.logprobs):
                     piece = env.on_policy_token(i, token)
                     mask[i].append(1.0)
