@@ -79,8 +79,8 @@ class ModelConfig(BaseModel):
     hf_model: str | None = Field(None, min_length=1, description="Hub id or local directory (backend hf)")
     hf_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     hf_attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
-    system_prompt: str | None = Field(None, description="system turn of the chat template (None: the built-in "
-                                                        "description of the tool grammar; '': none)")
+    system_prompt: str | None = Field(None, description="system turn of the chat template (None: none; the "
+                                                        "scale-out presets describe the tool grammar)")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the model runs (auto: cuda if present)")
     rollout_engine: Literal["torch", "vllm"] = Field("torch", description="torch sampler, or vLLM (backend hf, GPU)")
     vllm_gpu_memory_utilization: float = Field(0.35, gt=0.0, le=1.0)

@@ -7,8 +7,9 @@ interface the sampler and the learner use with the tiny GPT (`forward(idx) → (
 runtime run it unchanged. Prompts of one batch have different token lengths: they are left-padded,
 and the wrapper derives the attention mask and position ids from the leading padding itself.
 
-`HFCodec` formats a task through the tokenizer: the chat template when the tokenizer has one (a
-system message describing the tool grammar, then the problem as the user turn), plain encoding
+`HFCodec` formats a task through the tokenizer: the chat template when the tokenizer has one (an
+optional system turn — the scale-out presets describe the tool grammar there — then the problem as
+the user turn), plain encoding
 otherwise; tool output is tokenized on its own as environment tokens (token-in, token-out).
 
 `save_tiny_model` writes a small model and a BPE tokenizer trained on the task's demonstrations
@@ -25,12 +26,8 @@ import random
 import torch
 from torch import Tensor, nn
 
-from copc_core.tasks.base import ANSWER_END, PAD, environment_mask
+from copc_core.tasks.base import ANSWER_END, PAD, TOOL_GRAMMAR_PROMPT, environment_mask
 
-SYSTEM_PROMPT = (
-    "Solve the problem. You may call the tool by writing [query]; its result follows, ended by ';'. "
-    "Write the final answer followed by '.'"
-)
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -109,7 +106,7 @@ class HFCodec:
 
     def __init__(self, tokenizer, system_prompt: str | None = None):
         self.tokenizer = tokenizer
-        self.system_prompt = system_prompt if system_prompt is not None else SYSTEM_PROMPT
+        self.system_prompt = system_prompt  # None or "": no system turn
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
@@ -196,7 +193,7 @@ def save_tiny_model(path: str | os.PathLike, task, hidden: int = 64, layers: int
 
     path = pathlib.Path(path)
     rng = random.Random(seed)
-    corpus = [SYSTEM_PROMPT]
+    corpus = [TOOL_GRAMMAR_PROMPT]
     for problem in task.sample(400, seed):
         corpus.append(problem.prompt)
         for kind in ("correct", "wrong_order", "guess"):

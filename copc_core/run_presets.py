@@ -19,13 +19,15 @@ from copc_core.config import (
     TrainConfig,
     WarmStartConfig,
 )
+from copc_core.tasks.base import TOOL_GRAMMAR_PROMPT
 
 
 def _scale_out(hf_model: str, task, lr: float, rollout_workers: int) -> RunConfig:
     return RunConfig(
         method=MethodConfig(name="copc", tau_policy=2.0, tau_advantage=2.0),
         model=ModelConfig(backend="hf", hf_model=hf_model, hf_dtype="float32", device="cuda",
-                          rollout_engine="vllm", vllm_dtype="bfloat16", vllm_gpu_memory_utilization=0.85),
+                          rollout_engine="vllm", vllm_dtype="bfloat16", vllm_gpu_memory_utilization=0.85,
+                          system_prompt=TOOL_GRAMMAR_PROMPT),
         task=task,
         warm_start=WarmStartConfig(steps=200, batch_size=64, lr=1e-5),
         train=TrainConfig(steps=300, batch_size=256, minibatches=8, lr=lr, staleness=4, eval_every=20,

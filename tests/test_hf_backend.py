@@ -8,10 +8,11 @@ import torch
 from pydantic import ValidationError
 
 from copc_core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, WarmStartConfig, with_overrides
-from copc_core.hf import CHAT_TEMPLATE, SYSTEM_PROMPT, HFCodec, load_tokenizer, save_tiny_model, segments
+from copc_core.hf import CHAT_TEMPLATE, HFCodec, load_tokenizer, save_tiny_model, segments
 from copc_core.learner import response_logprobs
 from copc_core.rollout import ToolEpisodes
 from copc_core.tasks import make_task
+from copc_core.tasks.base import TOOL_GRAMMAR_PROMPT
 from copc_core.tasks.tool_math import calculator
 from copc_core.trainer import Trainer, make_sampler, sampling_generator
 from copc_core.warmstart import build_model, warm_start
@@ -54,9 +55,9 @@ def test_the_saved_model_loads_offline_with_a_chat_template(tiny_dir):
     tokenizer = load_tokenizer(str(tiny_dir))
     assert tokenizer.chat_template == CHAT_TEMPLATE
     problem = make_task(TaskConfig()).sample(1, 0)[0]
-    codec = HFCodec(tokenizer)
-    text = tokenizer.decode(codec.prompt_ids(problem))
-    assert text == f"<|system|>{SYSTEM_PROMPT}<|user|>{problem.prompt}<|assistant|>"
+    assert tokenizer.decode(HFCodec(tokenizer).prompt_ids(problem)) == f"<|user|>{problem.prompt}<|assistant|>"
+    text = tokenizer.decode(HFCodec(tokenizer, TOOL_GRAMMAR_PROMPT).prompt_ids(problem))
+    assert text == f"<|system|>{TOOL_GRAMMAR_PROMPT}<|user|>{problem.prompt}<|assistant|>"
     tokenizer.chat_template = None  # no template: the problem's text, plainly encoded
     assert tokenizer.decode(HFCodec(tokenizer).prompt_ids(problem)) == problem.prompt
 

@@ -15,6 +15,11 @@ from typing import Hashable, Protocol
 PAD, CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "_", "[", "]", ";", ".", "?"
 SPECIALS = CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
 PAD_ID = 0  # every vocabulary starts with PAD
+# the episode grammar in words, for models that read instructions (a chat model's system turn)
+TOOL_GRAMMAR_PROMPT = (
+    "Solve the problem. You may call the tool by writing [query]; its result follows, ended by ';'. "
+    "Write the final answer followed by '.'"
+)
 
 
 class CharVocab:
