@@ -93,15 +93,18 @@ class LocalStack:
         except KeyboardInterrupt:
             pass
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM every server's process group; what is still up after one shared grace period is killed."""
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
         self.procs.clear()
 
     def __exit__(self, *exc) -> None:
