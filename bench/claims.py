@@ -218,6 +218,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default: the preset's)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lags", nargs="+", type=int, default=None, help="default: the preset's staleness levels")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate of every run (default: the base "
+                                                                 "config's); results go to claims-<task>-lr<lr>.*")
     args = parser.parse_args()
     if args.seeds < 2:
         parser.error("--seeds must be at least 2 (intervals are bootstrapped over seeds)")
@@ -225,11 +227,15 @@ def main() -> None:
     from infra.settings import data_dir
 
     space, base = sweep_preset(TASK_PRESETS[args.task])
+    suffix = ""
+    if args.lr is not None:
+        base = with_overrides(base, {"train.lr": args.lr})
+        suffix = f"-lr{args.lr:g}"
     steps = args.steps or space.steps
     lags = args.lags or space.staleness
     root = data_dir()
     cache = root / "cache"
-    out = root / "bench" / f"claims-{args.task}.jsonl"
+    out = root / "bench" / f"claims-{args.task}{suffix}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     cached_warm_start(base, cache)  # once, before the workers race for it
     todo = jobs(lags, args.seeds, space.tau_policy, space.tau_advantage)
@@ -246,13 +252,14 @@ def main() -> None:
             done[key(row)] = row
             bar.set_postfix(last=f"{row['method']} k={row['staleness']} acc={row['final_accuracy']:.2f}")
     rows = [done[key(j)] for j in todo]
-    header = (f"### {args.task}: {len(rows)} runs, {steps} steps each, seeds 0..{args.seeds - 1}, k ∈ {lags}; "
-              f"warm start {rows[0]['warm_start_accuracy']:.2f} (sampled, held-out)\n\n"
+    lr_flag = f" --lr {args.lr:g}" if args.lr is not None else ""
+    header = (f"### {args.task}: {len(rows)} runs, {steps} steps each, lr {base.train.lr:g}, seeds 0..{args.seeds - 1}, "
+              f"k ∈ {lags}; warm start {rows[0]['warm_start_accuracy']:.2f} (sampled, held-out)\n\n"
               f"`python -m bench.claims --task {args.task} --seeds {args.seeds} --steps {steps} "
-              f"--lags {' '.join(map(str, lags))}`; total run time {sum(r['wall_s'] for r in rows) / 60:.0f} "
+              f"--lags {' '.join(map(str, lags))}{lr_flag}`; total run time {sum(r['wall_s'] for r in rows) / 60:.0f} "
               f"CPU-minutes\n")
     text = header + "\n" + claim_tables(rows, lags) + "\n"
-    (root / "bench" / f"claims-{args.task}.md").write_text(text)
+    (root / "bench" / f"claims-{args.task}{suffix}.md").write_text(text)
     print(text)
 
 
