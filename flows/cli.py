@@ -335,10 +335,19 @@ def up(
     mlflow_port: int = typer.Option(5000, help="MLflow server port"),
     host: str = typer.Option("127.0.0.1", help="bind address (loopback unless you say otherwise)"),
 ) -> None:
-    """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C."""
+    """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C (or SIGTERM)."""
+    import signal
+
     from infra.local_stack import LocalStack
     from infra.settings import data_dir
 
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # a shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C handler:
+    # take both signals explicitly so `copc up &` can still be stopped cleanly
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
     with LocalStack(data_dir(), host, prefect_port, mlflow_port) as stack:
         typer.echo(f"Prefect UI and API: {stack.prefect_url}   (export PREFECT_API_URL={stack.prefect_url}/api)")
         typer.echo(f"MLflow UI:          {stack.mlflow_url}   (export MLFLOW_TRACKING_URI={stack.mlflow_url})")
