@@ -26,6 +26,11 @@ class Backend:
     codec: Callable[[RunConfig], Codec]
 
 
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the weights (travels through Ray's object store and checkpoints as is)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def model_shape(config: RunConfig) -> GPTShape:
     task = make_task(config.task)
     return GPTShape(vocab_size=len(task.vocab), block_size=task.prompt_width + config.task.max_response_tokens,

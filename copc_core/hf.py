@@ -108,9 +108,7 @@ class HFCodec:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt  # None or "": no system turn
         self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if self.pad_id is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token")
+        self.pad_id = pad_token_id(tokenizer)
         self._special = set(tokenizer.all_special_ids)
 
     def prompt_ids(self, problem) -> list[int]:
@@ -158,6 +156,14 @@ def segments(response: str) -> list[tuple[str, int]]:
     return out
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id prompts are left-padded with: the tokenizer's pad token, else its EOS."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    return pad
+
+
 def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
@@ -173,8 +179,7 @@ def load_actor_critic(name_or_path: str, separate_critic: bool, dtype: str, attn
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     policy = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     critic = AutoModel.from_pretrained(name_or_path, **kwargs) if separate_critic else None
-    tokenizer = load_tokenizer(name_or_path)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(load_tokenizer(name_or_path))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return HFActorCritic(policy, critic, pad_id)

@@ -246,12 +246,19 @@ class TorchSampler:
         self.model.train(was_model)
         tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
         responses = ["".join(chars) for chars in env.text]
-        rewards = torch.zeros(B, steps)
-        last_policy = (mask * torch.arange(1, steps + 1)).argmax(dim=1)  # index of the last policy token
-        scores = torch.tensor([self.task.reward(p, r, self.format_reward) for p, r in zip(problems, responses)])
-        rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
+        rewards = outcome_rewards(self.task, problems, responses, mask, self.format_reward)
         return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
                                rewards, list(problems), responses, torch.tensor([not d for d in done]), codec.pad_id)
+
+
+def outcome_rewards(task: Task, problems: list, responses: list[str], mask: Tensor, format_reward: float) -> Tensor:
+    """Rewards [B, T]: each episode's task reward on its last policy token (none without policy tokens)."""
+    B, T = mask.shape
+    rewards = torch.zeros(B, T)
+    last_policy = (mask * torch.arange(1, T + 1)).argmax(dim=1)  # index of the last policy token
+    scores = torch.tensor([task.reward(p, r, format_reward) for p, r in zip(problems, responses)])
+    rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
+    return rewards
 
 
 def episode_stats(batch: TrajectoryBatch) -> dict[str, float]:

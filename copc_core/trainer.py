@@ -23,12 +23,7 @@ from copc_core.rollout import RolloutEngine, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tasks import make_task
 from copc_core.tensors import NonFiniteError
-from copc_core.backends import build_model, make_engine
-
-
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of the weights (travels through Ray's object store and checkpoints as is)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+from copc_core.backends import build_model, make_engine, snapshot  # noqa: F401  (snapshot re-exported)
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:

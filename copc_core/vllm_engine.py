@@ -23,7 +23,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from copc_core.rollout import ToolEpisodes, TrajectoryBatch
+from copc_core.rollout import ToolEpisodes, TrajectoryBatch, left_pad, outcome_rewards
 from copc_core.tasks.base import CALL_CLOSE, Codec, Task
 
 
@@ -104,8 +104,6 @@ class VLLMEngine:
                greedy: bool = False) -> TrajectoryBatch:
         from vllm.inputs import TokensPrompt
 
-        from copc_core.rollout import left_pad
-
         version = self.version if version is None else version
         codec, T = self.codec, self.max_response_tokens
         prompts = [codec.prompt_ids(p) for p in problems]
@@ -114,6 +112,7 @@ class VLLMEngine:
         mask: list[list[float]] = [[] for _ in range(B)]
         logp: list[list[float]] = [[] for _ in range(B)]
         done = [False] * B
+        ended = [False] * B  # finished with an answer (or EOS), not out of budget
         seed = None if generator is None else int(torch.randint(2**31 - 1, (1,), generator=generator))
         while not all(done):
             active = [i for i in range(B) if not done[i]]
@@ -131,7 +130,7 @@ class VLLMEngine:
                     mask[i].append(1.0)
                     logp[i].append(lp[token].logprob)
                     if codec.ends(token, piece):
-                        done[i] = True
+                        done[i] = ended[i] = True
                         break
                     if env.queue[i]:
                         break
@@ -143,20 +142,16 @@ class VLLMEngine:
                     logp[i].append(0.0)
                 if not done[i] and (not queued and completion.finish_reason == "length" or len(env.ids[i]) >= T):
                     done[i] = True  # out of response budget
-        ended = [bool(ids) and codec.ends(ids[-1], env.text[i][-1]) and mask[i][-1] == 1.0
-                 for i, ids in enumerate(env.ids)]
         steps = max(len(ids) for ids in env.ids)
         tokens = torch.full((B, steps), codec.pad_id, dtype=torch.long)
-        mask_t, logp_t, rewards = torch.zeros(B, steps), torch.zeros(B, steps), torch.zeros(B, steps)
+        mask_t, logp_t = torch.zeros(B, steps), torch.zeros(B, steps)
         responses = ["".join(text) for text in env.text]
         for i, ids in enumerate(env.ids):
             n = len(ids)
             tokens[i, :n] = torch.tensor(ids, dtype=torch.long)
             mask_t[i, :n] = torch.tensor(mask[i])
             logp_t[i, :n] = torch.tensor(logp[i])
-            policy = [j for j in range(n) if mask[i][j] == 1.0]
-            if policy:
-                rewards[i, policy[-1]] = self.task.reward(problems[i], responses[i], self.format_reward)
+        rewards = outcome_rewards(self.task, problems, responses, mask_t, self.format_reward)
         return TrajectoryBatch(left_pad(prompts, codec), tokens, mask_t, logp_t,
                                torch.full((B, steps), version, dtype=torch.long), rewards, list(problems), responses,
                                torch.tensor([not e for e in ended]), codec.pad_id)

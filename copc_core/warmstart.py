@@ -16,7 +16,7 @@ import random
 import torch
 
 from copc_core.config import RunConfig
-from copc_core.backends import build_model, make_codec, model_shape  # noqa: F401  (re-exported)
+from copc_core.backends import build_model, make_codec, model_shape, snapshot  # noqa: F401  (model_shape re-exported)
 from copc_core.tasks import make_task
 from copc_core.tasks.base import Codec
 
@@ -76,7 +76,7 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
         optimizer.step()
         if progress is not None:
             progress(step + 1, ws.steps, float(loss.detach()))
-    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state = snapshot(model)
     if device.type == "cuda":  # hand the memory back: vLLM workers may share this GPU next
         del model, optimizer
         torch.cuda.empty_cache()
