@@ -2,7 +2,9 @@
 
 Actors are thin shells around copc_core objects (`TorchSampler`, `Learner`). Weights travel as
 object-store references: the learner returns its new weights from `step`, the driver hands the
-reference to workers, nobody copies them through the driver.
+reference to workers, nobody copies them through the driver. Batches likewise: under controlled
+lag the learner step is called with the worker's result reference and Ray moves the batch from
+worker to learner directly (the learner reports episodes and token lags back for the counters).
 
 Two schedules:
 - **controlled lag k** (`RayTrainer.run`): the batch of step v is sampled with version max(0, v − k),
@@ -126,17 +128,26 @@ class LearnerActor:
         model.load_state_dict(warm_state)
         self.learner = Learner(model, self.config, torch.Generator().manual_seed(2 * self.config.train.seed + 1))
 
-    @ray.method(num_returns=2)
-    def step(self, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict]:
-        """One update on the concatenated parts; returns (metrics, new weights) as two objects."""
+    @ray.method(num_returns=3)
+    def step(self, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict, dict]:
+        """One update on the concatenated parts; returns (metrics, accounting, new weights) as three objects.
+
+        A part is a worker's `sample` result, or the reference to it: Ray hands the learner the
+        object straight from the worker, and a part whose worker died fails this call before it runs.
+        Accounting = episodes consumed and the realised lag of every policy token (learner version −
+        sampling version).
+        """
         batch = parts[0][0] if len(parts) == 1 else TrajectoryBatch.concat([b for b, _ in parts])
+        lags = (self.learner.version - batch.version)[batch.mask > 0]
+        accounting = {"episodes": batch.size,
+                      "lags": {int(lag): int(n) for lag, n in zip(*torch.unique(lags, return_counts=True))}}
         try:
             metrics = self.learner.step(batch)
         except NonFiniteError as err:
-            return {"error": str(err)}, {}
+            return {"error": str(err)}, accounting, {}
         metrics |= episode_stats(batch)
         metrics["time/rollout_s"] = max(seconds for _, seconds in parts)
-        return metrics, snapshot(self.learner.model)
+        return metrics, accounting, snapshot(self.learner.model)
 
     def weights(self) -> dict:
         return snapshot(self.learner.model)
@@ -195,27 +206,56 @@ class RayTrainer:
 
     def _submit(self, worker_index: int, version: int, key: int, n: int) -> dict:
         self.counters.requests_submitted += 1
-        ref = self.workers[worker_index].sample.remote(self.versions[version], version, key, n)
-        return {"ref": ref, "worker": worker_index, "version": version, "key": key, "n": n}
+        actor = self.workers[worker_index]
+        ref = actor.sample.remote(self.versions[version], version, key, n)
+        return {"ref": ref, "worker": worker_index, "actor": actor, "version": version, "key": key, "n": n}
+
+    def _reissue_if_lost(self, request: dict, what: str) -> bool:
+        """Re-issue a request whose worker died (same seed, on a replacement worker); False when its result is fine."""
+        try:
+            self._get(request["ref"], what)
+            return False
+        except RayActorError:
+            w = request["worker"]
+            if self.workers[w] is request["actor"]:  # not yet replaced for another request it held
+                self.workers[w] = self._new_worker()
+                self.counters.workers_replaced += 1
+            self.counters.requests_reissued += 1
+            request["actor"] = self.workers[w]
+            request["ref"] = request["actor"].sample.remote(self.versions[request["version"]], request["version"],
+                                                            request["key"], request["n"])
+            return True
 
     def _collect(self, request: dict, what: str) -> tuple[TrajectoryBatch, float]:
         """The request's result; a dead worker is replaced and the same request re-issued."""
-        while True:
-            try:
-                result = self._get(request["ref"], what)
-                self.counters.requests_completed += 1
-                return result
-            except RayActorError:
-                self.counters.workers_replaced += 1
-                self.counters.requests_reissued += 1
-                self.workers[request["worker"]] = self._new_worker()
-                request["ref"] = self.workers[request["worker"]].sample.remote(
-                    self.versions[request["version"]], request["version"], request["key"], request["n"])
+        while self._reissue_if_lost(request, what):
+            pass
+        self.counters.requests_completed += 1
+        return self._get(request["ref"], what)
 
-    def _record_lag(self, batch: TrajectoryBatch, learner_version: int) -> None:
-        lags = (learner_version - batch.version)[batch.mask > 0]
-        for lag, count in zip(*torch.unique(lags, return_counts=True)):
-            self.counters.lag_histogram[int(lag)] = self.counters.lag_histogram.get(int(lag), 0) + int(count)
+    def _learn(self, refs: tuple, requests: list[dict], what: str) -> tuple[dict, ray.ObjectRef]:
+        """Wait for a learner step fed with the requests' result references; (metrics, weights reference).
+
+        When a worker died, Ray fails the step before the learner runs it: the lost requests are
+        re-issued and the step submitted again.
+        """
+        while True:
+            metrics_ref, accounting_ref, weights_ref = refs
+            try:
+                metrics = self._get(metrics_ref, what)
+                break
+            except RayActorError:
+                if not any([self._reissue_if_lost(r, what) for r in requests]):
+                    raise  # the learner itself died
+                refs = self.learner.step.remote(*[r["ref"] for r in requests])
+        self.counters.requests_completed += len(requests)
+        self._account(self._get(accounting_ref, what))
+        return metrics, weights_ref
+
+    def _account(self, accounting: dict) -> None:
+        self.counters.episodes_consumed += accounting["episodes"]
+        for lag, count in accounting["lags"].items():
+            self.counters.lag_histogram[lag] = self.counters.lag_histogram.get(lag, 0) + count
 
     def _evaluate(self) -> None:
         record = self._get(self.workers[0].evaluate.remote(self.versions[self.step], self.step), "evaluation")
@@ -251,13 +291,10 @@ class RayTrainer:
             request = pending.pop(v, None) or self._submit(0, max(0, v - k), v, t.batch_size)
             if self.fault_hook is not None:
                 self.fault_hook(self)
-            sampled = self._collect(request, f"rollout of step {v}")
-            self._record_lag(sampled[0], v)
-            metrics_ref, weights_ref = self.learner.step.remote(sampled)
+            refs = self.learner.step.remote(request["ref"])  # the batch goes worker → learner, not via the driver
             if k >= 1 and v + 1 < t.steps:  # overlap: the next batch's weights already exist
                 pending[v + 1] = self._submit(0, max(0, v + 1 - k), v + 1, t.batch_size)
-            metrics = self._get(metrics_ref, f"learner step {v}")
-            self.counters.episodes_consumed += sampled[0].size
+            metrics, weights_ref = self._learn(refs, [request], f"learner step {v}")
             if not self._after_step(metrics, weights_ref, wall_start):
                 break
             if on_step is not None:
@@ -295,11 +332,9 @@ class RayTrainer:
             wanted = list(range(first, first + chunks_per_batch))
             if all(c in done for c in wanted):
                 parts = [done.pop(c) for c in wanted]
-                for b, _ in parts:
-                    self._record_lag(b, self.step)
-                metrics_ref, weights_ref = self.learner.step.remote(*parts)
+                metrics_ref, accounting_ref, weights_ref = self.learner.step.remote(*parts)
                 metrics = self._get(metrics_ref, f"learner step {self.step}")
-                self.counters.episodes_consumed += t.batch_size
+                self._account(self._get(accounting_ref, f"learner step {self.step}"))
                 if not self._after_step(metrics, weights_ref, wall_start):
                     break
                 wall_start = time.perf_counter()
