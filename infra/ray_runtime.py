@@ -210,28 +210,33 @@ class RayTrainer:
         ref = actor.sample.remote(self.versions[version], version, key, n)
         return {"ref": ref, "worker": worker_index, "actor": actor, "version": version, "key": key, "n": n}
 
-    def _reissue_if_lost(self, request: dict, what: str) -> bool:
-        """Re-issue a request whose worker died (same seed, on a replacement worker); False when its result is fine."""
+    def _reissue(self, request: dict) -> None:
+        """Send a request whose worker died again, same seed, to that worker's replacement."""
+        w = request["worker"]
+        if self.workers[w] is request["actor"]:  # not yet replaced for another request it held
+            self.workers[w] = self._new_worker()
+            self.counters.workers_replaced += 1
+        self.counters.requests_reissued += 1
+        request["actor"] = self.workers[w]
+        request["ref"] = request["actor"].sample.remote(self.versions[request["version"]], request["version"],
+                                                        request["key"], request["n"])
+
+    def _worker_died(self, request: dict, what: str) -> bool:
         try:
             self._get(request["ref"], what)
             return False
         except RayActorError:
-            w = request["worker"]
-            if self.workers[w] is request["actor"]:  # not yet replaced for another request it held
-                self.workers[w] = self._new_worker()
-                self.counters.workers_replaced += 1
-            self.counters.requests_reissued += 1
-            request["actor"] = self.workers[w]
-            request["ref"] = request["actor"].sample.remote(self.versions[request["version"]], request["version"],
-                                                            request["key"], request["n"])
             return True
 
     def _collect(self, request: dict, what: str) -> tuple[TrajectoryBatch, float]:
         """The request's result; a dead worker is replaced and the same request re-issued."""
-        while self._reissue_if_lost(request, what):
-            pass
-        self.counters.requests_completed += 1
-        return self._get(request["ref"], what)
+        while True:
+            try:
+                result = self._get(request["ref"], what)
+                self.counters.requests_completed += 1
+                return result
+            except RayActorError:
+                self._reissue(request)
 
     def _learn(self, refs: tuple, requests: list[dict], what: str) -> tuple[dict, ray.ObjectRef]:
         """Wait for a learner step fed with the requests' result references; (metrics, weights reference).
@@ -245,8 +250,11 @@ class RayTrainer:
                 metrics = self._get(metrics_ref, what)
                 break
             except RayActorError:
-                if not any([self._reissue_if_lost(r, what) for r in requests]):
+                lost = [r for r in requests if self._worker_died(r, what)]
+                if not lost:
                     raise  # the learner itself died
+                for request in lost:
+                    self._reissue(request)
                 refs = self.learner.step.remote(*[r["ref"] for r in requests])
         self.counters.requests_completed += len(requests)
         self._account(self._get(accounting_ref, what))
