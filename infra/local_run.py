@@ -38,16 +38,22 @@ def train_in_process(
     if resume and checkpoint.exists():
         trainer.load_state_dict(load_checkpoint(checkpoint))
 
-    def step_hook(tr: Trainer, metrics: dict[str, float]) -> None:
-        if tr.step % checkpoint_every == 0:
-            save_checkpoint(checkpoint, tr.state_dict())
-        if on_step is not None:
-            on_step(tr, metrics)
-
-    summary = trainer.run(step_hook)
+    summary = trainer.run(_checkpointing(checkpoint, checkpoint_every, on_step))
     save_checkpoint(checkpoint, trainer.state_dict())
     _finish_run_dir(run_dir, summary, trainer.history, trainer.evals)
     return summary
+
+
+def _checkpointing(checkpoint: pathlib.Path, every: int, on_step: Callable | None) -> Callable:
+    """A step hook that writes the trainer's state every `every` steps, then calls `on_step`."""
+
+    def step_hook(trainer, metrics: dict[str, float]) -> None:
+        if trainer.step % every == 0:
+            save_checkpoint(checkpoint, trainer.state_dict())
+        if on_step is not None:
+            on_step(trainer, metrics)
+
+    return step_hook
 
 
 def _start_run_dir(config: RunConfig, run_dir: pathlib.Path) -> pathlib.Path:
@@ -68,10 +74,15 @@ def train_on_ray(
     cache_dir: pathlib.Path,
     address: str | None = None,
     resume: bool = True,
+    checkpoint_every: int = 10,
     on_step: Callable | None = None,
     on_warm_start: Callable[[int, int, float], None] | None = None,
 ) -> RunSummary:
-    """Train `config` with the Ray runtime (local Ray, or the cluster at `address`); same files as in-process."""
+    """Train `config` with the Ray runtime (local Ray, or the cluster at `address`); same files as in-process.
+
+    Checkpoints are written at the runtime's barrier steps (every `checkpoint_every`), where no learner
+    step is queued ahead.
+    """
     from infra.ray_runtime import RayResources, RayTrainer, init_ray
 
     run_dir = _start_run_dir(config, run_dir)
@@ -82,7 +93,7 @@ def train_on_ray(
     try:
         if resume and checkpoint.exists():
             trainer.load_state_dict(load_checkpoint(checkpoint))
-        summary = trainer.run(on_step)
+        summary = trainer.run(_checkpointing(checkpoint, checkpoint_every, on_step), barrier_every=checkpoint_every)
         save_checkpoint(checkpoint, trainer.state_dict())
     finally:
         trainer.shutdown()

@@ -10,7 +10,11 @@ Two schedules:
 - **controlled lag k** (`RayTrainer.run`): the batch of step v is sampled with version max(0, v − k),
   exactly as the in-process `Trainer` does, with the same per-step seeds, so the numbers agree.
   For k ≥ 1 the sample for step v + 1 is submitted before step v trains: sampling and training
-  overlap. k = 0 runs synchronously.
+  overlap; and learner step v + 1 is queued on the learner before step v's result is back, so the
+  learner goes from one step to the next without a round trip through the driver (a learner call
+  names the version it expects to update and is skipped, untouched, when the learner is elsewhere).
+  Steps that are multiples of `barrier_every` are taken without a step queued behind them, so a
+  checkpoint written there is consistent. k = 0 runs synchronously.
 - **bounded staleness η** (`RayTrainer.run_bounded`): workers sample continuously in chunks with the
   newest weights; AReaL's admission rule lets a chunk start only while
   accepted + running < (η + v + 1) · batch_size, and batches are consumed in start order, so no
@@ -129,14 +133,18 @@ class LearnerActor:
         self.learner = Learner(model, self.config, torch.Generator().manual_seed(2 * self.config.train.seed + 1))
 
     @ray.method(num_returns=3)
-    def step(self, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict, dict]:
+    def step(self, version: int, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict, dict]:
         """One update on the concatenated parts; returns (metrics, accounting, new weights) as three objects.
 
-        A part is a worker's `sample` result, or the reference to it: Ray hands the learner the
-        object straight from the worker, and a part whose worker died fails this call before it runs.
-        Accounting = episodes consumed and the realised lag of every policy token (learner version −
-        sampling version).
+        `version` is the learner version the driver means this step to update; a call that finds the
+        learner elsewhere (a step before it failed or was submitted again) changes nothing and
+        answers {"skipped": ...}. A part is a worker's `sample` result, or the reference to it: Ray
+        hands the learner the object straight from the worker, and a part whose worker died fails
+        this call before it runs. Accounting = episodes consumed and the realised lag of every policy
+        token (learner version − sampling version).
         """
+        if version != self.learner.version:
+            return {"skipped": f"called for version {version}, the learner is at {self.learner.version}"}, {}, {}
         batch = parts[0][0] if len(parts) == 1 else TrajectoryBatch.concat([b for b, _ in parts])
         lags = (self.learner.version - batch.version)[batch.mask > 0]
         accounting = {"episodes": batch.size,
@@ -189,6 +197,7 @@ class RayTrainer:
         self.counters = Counters()
         self.non_finite_step: int | None = None
         self._eta = 0  # bounded-staleness η of a run_bounded run (versions older than step − η are dropped)
+        self._inflight: dict[int, tuple[tuple, list[dict]]] = {}  # step → (learner call's refs, its requests)
         self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
 
     # ---- plumbing ----
@@ -238,14 +247,21 @@ class RayTrainer:
             except RayActorError:
                 self._reissue(request)
 
-    def _learn(self, refs: tuple, requests: list[dict], what: str) -> tuple[dict, ray.ObjectRef]:
-        """Wait for a learner step fed with the requests' result references; (metrics, weights reference).
+    def _submit_learner(self, step: int, requests: list[dict]) -> None:
+        """Queue learner step `step` on the requests' result references (the learner runs its calls in order)."""
+        refs = self.learner.step.remote(step, *[r["ref"] for r in requests])
+        self._inflight[step] = (refs, requests)
+
+    def _learn(self, step: int) -> tuple[dict, ray.ObjectRef]:
+        """Wait for learner step `step`; (metrics, weights reference).
 
         When a worker died, Ray fails the step before the learner runs it: the lost requests are
-        re-issued and the step submitted again.
+        re-issued, and this step and every step queued behind it are submitted again, in order (the
+        old calls behind it find the learner at the wrong version and are skipped).
         """
+        what = f"learner step {step}"
         while True:
-            metrics_ref, accounting_ref, weights_ref = refs
+            (metrics_ref, accounting_ref, weights_ref), requests = self._inflight[step]
             try:
                 metrics = self._get(metrics_ref, what)
                 break
@@ -255,10 +271,20 @@ class RayTrainer:
                     raise  # the learner itself died
                 for request in lost:
                     self._reissue(request)
-                refs = self.learner.step.remote(*[r["ref"] for r in requests])
+                for s in sorted(self._inflight):
+                    self._submit_learner(s, self._inflight[s][1])
+        del self._inflight[step]
+        if "skipped" in metrics:  # every earlier step was applied before this call was made: a bug if seen
+            raise RuntimeError(f"{what} was skipped by the learner: {metrics['skipped']}")
         self.counters.requests_completed += len(requests)
         self._account(self._get(accounting_ref, what))
         return metrics, weights_ref
+
+    def _drain(self) -> None:
+        """Wait out the calls queued behind a step that failed: each finds the learner unchanged and is skipped."""
+        for step in sorted(self._inflight):
+            (metrics_ref, _, _), _ = self._inflight.pop(step)
+            self._get(metrics_ref, f"learner step {step} (queued behind a failed step)")
 
     def _account(self, accounting: dict) -> None:
         self.counters.episodes_consumed += accounting["episodes"]
@@ -288,22 +314,32 @@ class RayTrainer:
 
     # ---- controlled lag k ----
 
-    def run(self, on_step: Callable[[RayTrainer, dict], None] | None = None) -> RunSummary:
+    def run(self, on_step: Callable[[RayTrainer, dict], None] | None = None, barrier_every: int | None = None
+            ) -> RunSummary:
+        """Controlled lag k; `on_step(trainer, metrics)` after every step.
+
+        For k ≥ 1 learner step v + 1 is queued before step v's result is back, except when v + 1 is a
+        multiple of `barrier_every`: there nothing is in flight while `on_step` runs, and
+        `state_dict()` may be taken (a checkpoint).
+        """
         t, k = self.config.train, self.config.train.staleness
         if not self.evals:
             self._evaluate()
-        pending: dict[int, dict] = {}
+        samples: dict[int, dict] = {}  # step → its rollout request, submitted ahead of its learner step
         while self.step < t.steps:
             v = self.step
             wall_start = time.perf_counter()
-            request = pending.pop(v, None) or self._submit(0, max(0, v - k), v, t.batch_size)
+            if v not in self._inflight:
+                self._submit_learner(v, [samples.pop(v, None) or self._submit(0, max(0, v - k), v, t.batch_size)])
             if self.fault_hook is not None:
                 self.fault_hook(self)
-            refs = self.learner.step.remote(request["ref"])  # the batch goes worker → learner, not via the driver
-            if k >= 1 and v + 1 < t.steps:  # overlap: the next batch's weights already exist
-                pending[v + 1] = self._submit(0, max(0, v + 1 - k), v + 1, t.batch_size)
-            metrics, weights_ref = self._learn(refs, [request], f"learner step {v}")
+            if k >= 1 and v + 1 < t.steps:  # overlap: the next batch's weights (version ≤ v) already exist
+                samples[v + 1] = self._submit(0, max(0, v + 1 - k), v + 1, t.batch_size)
+                if not (barrier_every and (v + 1) % barrier_every == 0):
+                    self._submit_learner(v + 1, [samples.pop(v + 1)])
+            metrics, weights_ref = self._learn(v)
             if not self._after_step(metrics, weights_ref, wall_start):
+                self._drain()
                 break
             if on_step is not None:
                 on_step(self, metrics)
@@ -340,7 +376,7 @@ class RayTrainer:
             wanted = list(range(first, first + chunks_per_batch))
             if all(c in done for c in wanted):
                 parts = [done.pop(c) for c in wanted]
-                metrics_ref, accounting_ref, weights_ref = self.learner.step.remote(*parts)
+                metrics_ref, accounting_ref, weights_ref = self.learner.step.remote(self.step, *parts)
                 metrics = self._get(metrics_ref, f"learner step {self.step}")
                 self._account(self._get(accounting_ref, f"learner step {self.step}"))
                 if not self._after_step(metrics, weights_ref, wall_start):
@@ -364,6 +400,9 @@ class RayTrainer:
         return summarise(self.evals, self.history, self.non_finite_step)
 
     def state_dict(self) -> dict:
+        if self._inflight:
+            raise RuntimeError(f"learner step(s) {sorted(self._inflight)} in flight: the state is only consistent at "
+                               "a barrier step (run(barrier_every=...)) or after the run")
         return {"config": self.config.model_dump(mode="json"), "step": self.step,
                 "learner": self._get(self.learner.state_dict.remote(), "learner state"),
                 "versions": {v: ray.get(ref) for v, ref in self.versions.items()},

@@ -5,7 +5,7 @@ import ray
 import torch
 
 from copc_core.trainer import Trainer
-from infra.ray_runtime import RayResources, RayTrainer, RuntimeTimeoutError, init_ray
+from infra.ray_runtime import LearnerActor, RayResources, RayTrainer, RuntimeTimeoutError, init_ray
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -124,10 +124,11 @@ def test_resume_restores_weights_history_and_counters(tiny_warm_state):
 
     try:
         with pytest.raises(_Stop):
-            first.run(stop_at_3)
+            first.run(stop_at_3, barrier_every=3)  # at step 3 nothing is queued behind: a consistent state
         state = first.state_dict()
     finally:
         first.shutdown()
+    assert state["step"] == 3 and state["learner"]["version"] == 3
     assert state["counters"]["episodes_consumed"] == 3 * cfg.train.batch_size
     resumed = RayTrainer(cfg, tiny_warm_state, HALF)
     try:
@@ -139,3 +140,56 @@ def test_resume_restores_weights_history_and_counters(tiny_warm_state):
     assert resumed.evals == straight.evals
     assert resumed.counters.episodes_consumed == straight.counters.episodes_consumed == 5 * cfg.train.batch_size
     assert resumed.counters.lag_histogram == straight.counters.lag_histogram
+
+
+def test_state_is_refused_while_a_learner_step_is_queued(tiny_warm_state):
+    """Between barriers (k ≥ 1) step v + 1 is already queued on the learner when step v returns: a
+    state taken then would pair the learner of one step with the history of another."""
+    cfg = tiny_config(method="copc", staleness=1, steps=5)
+    rt = RayTrainer(cfg, tiny_warm_state, HALF)
+
+    def stop_at_2(trainer, metrics):
+        if trainer.step == 2:
+            raise _Stop
+
+    try:
+        with pytest.raises(_Stop):
+            rt.run(stop_at_2)
+        with pytest.raises(RuntimeError, match=r"learner step\(s\) \[2\] in flight"):
+            rt.state_dict()
+    finally:
+        rt.shutdown()
+
+
+POISONED = 2
+
+
+class _PoisonedLearner(LearnerActor.__ray_actor_class__):
+    """The learner actor, with NaN put into one reward of the batch of learner step POISONED."""
+
+    @ray.method(num_returns=3)
+    def step(self, version, *parts):
+        if version == POISONED == self.learner.version:
+            parts[0][0].rewards[0, -1] = float("nan")
+        return super().step(version, *parts)
+
+
+def test_a_non_finite_step_stops_the_run_and_the_step_queued_behind_it_changes_nothing(tiny_warm_state):
+    cfg = tiny_config(method="copc", staleness=1, steps=6)
+    rt = RayTrainer(cfg, tiny_warm_state, HALF)
+    ray.kill(rt.learner)
+    rt.learner = ray.remote(_PoisonedLearner).options(num_cpus=0.5).remote(rt.config_json, tiny_warm_state, 1)
+    try:
+        summary = rt.run()
+        learner_weights = ray.get(rt.learner.weights.remote())
+        last_weights = ray.get(rt.versions[rt.step])
+        state = rt.state_dict()  # nothing left in flight
+    finally:
+        rt.shutdown()
+    assert summary.collapse_reason == "non_finite" and summary.steps_completed == POISONED
+    assert rt.non_finite_step == POISONED and state["learner"]["version"] == POISONED
+    # step POISONED + 1 was queued before step POISONED failed; the learner skipped it
+    assert all(torch.equal(learner_weights[k], last_weights[k]) for k in last_weights)
+    # the poisoned batch was delivered (and refused); the skipped call consumed nothing
+    c = rt.counters
+    assert c.requests_completed == POISONED + 1 and c.episodes_consumed == (POISONED + 1) * cfg.train.batch_size

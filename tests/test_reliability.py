@@ -3,7 +3,8 @@
 Invalid configurations are generated (hypothesis) for the config tree, the flows' parameter models,
 the sweep spaces and the CLI; each must be refused with a validation error naming the field before
 anything starts, leaving no MLflow or Optuna store behind. Non-finite values are injected into the
-three inputs of an update. A `copc train` killed with SIGKILL resumes and finishes identically.
+three inputs of an update. A `copc train` killed with SIGKILL (in process, or with its whole local
+Ray) resumes and finishes identically.
 """
 
 from __future__ import annotations
@@ -215,14 +216,16 @@ def _walk(obj):
 # ---- a killed `copc train` ----
 
 @pytest.mark.slow
-def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(tmp_path):
-    """SIGKILL `copc train` after its first checkpoint (step 10 of 24); the same command resumes and
-    its history and evaluations equal those of an uninterrupted run (timings aside)."""
+@pytest.mark.parametrize("runtime", ["inprocess", "ray"])
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(tmp_path, runtime):
+    """SIGKILL `copc train` after its first checkpoint (step 10 of 24) — on Ray, the driver with its
+    whole process group (raylet, GCS, actors); the same command resumes, and its history and
+    evaluations equal those of an uninterrupted run (timings aside)."""
     cfg = tiny_config(method="copc", staleness=2, steps=24)
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(cfg.model_dump_json())
     env = dict(os.environ, COPC_DATA_DIR=str(tmp_path / "data"))
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file)]
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file), "--runtime", runtime]
 
     def run(run_dir: pathlib.Path) -> dict:
         out = subprocess.run([*cmd, "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
@@ -232,11 +235,11 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(t
     reference = run(tmp_path / "reference")  # also fills the warm-start cache
     killed = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, "--run-dir", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+                            env=env, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (killed / "checkpoint.pt").exists() and proc.poll() is None:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()  # killed mid-way
     from infra.checkpoints import load_checkpoint
