@@ -22,7 +22,7 @@ from copc_core.corrections import behavior_log_ratio
 from copc_core.diagnostics import explained_variance, ratio_diagnostics, trace_diagnostics
 from copc_core.losses import clipped_value_loss, ppo_actor_loss
 from copc_core.methods import MethodSpec, correct_policy, estimate_advantages
-from copc_core.rollout import ActorCritic, TrajectoryBatch
+from copc_core.rollout import ActorCritic, TrajectoryBatch, policy_widths
 from copc_core.tensors import NonFiniteError, masked_mean
 
 
@@ -46,6 +46,20 @@ def response_logprobs(model: ActorCritic, batch: TrajectoryBatch, temperature: f
     return logp, values[:, P - 1 :], entropy
 
 
+def rows_logprobs(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """`response_logprobs` of the episodes `rows`, [len(rows), T], zero past their longest policy width.
+
+    The forward pass reads only up to the last policy token of the longest of these episodes: the
+    positions after it are masked in every loss, estimator and statistic, so they are not computed.
+    """
+    sub = batch.select(rows)
+    T = sub.response_ids.shape[1]
+    width = max(1, int(policy_widths(sub.mask).max()))
+    out = response_logprobs(model, sub.head(width) if width < T else sub, temperature)
+    return tuple(torch.nn.functional.pad(x, (0, T - width)) for x in out)  # type: ignore[return-value]
+
+
 class Learner:
     """Holds the trainable model and its optimiser; `step(batch)` performs one PPO update."""
 
@@ -66,9 +80,20 @@ class Learner:
         mask = batch.mask
         B = batch.size
         mb = B // t.minibatches
-        with torch.no_grad():  # in minibatch-sized chunks: ~20 % faster per row on a CPU than all B at once
-            parts = [response_logprobs(self.model, batch.select(rows), t.temperature) for rows in torch.arange(B).split(mb)]
-            logp_old, values_old = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        orders = [torch.randperm(B, generator=self.generator) for _ in range(t.epochs)]  # minibatch order per epoch
+        # log π_old and V with the weights at the start of the step. The first minibatch's forward pass
+        # keeps its graph and serves that minibatch's update too; the other episodes go without grad,
+        # in chunks of episodes of similar length (each cut at its longest), ~20 % faster per row on a
+        # CPU than all at once.
+        first = orders[0][:mb]
+        first_out = rows_logprobs(self.model, batch, first, t.temperature)
+        logp_old, values_old = (x.new_empty(B, x.shape[1]) for x in first_out[:2])
+        with torch.no_grad():
+            logp_old[first], values_old[first] = first_out[0], first_out[1]
+            rest = orders[0][mb:]
+            rest = rest[policy_widths(batch.mask[rest]).argsort(stable=True)]
+            for rows in rest.split(mb):
+                logp_old[rows], values_old[rows], _ = rows_logprobs(self.model, batch, rows, t.temperature)
             if not (torch.isfinite(logp_old * mask).all() and torch.isfinite(values_old).all()):
                 raise NonFiniteUpdateError("non-finite log-probabilities or values from the learner's forward pass")
         log_ratio = behavior_log_ratio(logp_old, batch.logp_behavior, mask)
@@ -83,12 +108,11 @@ class Learner:
         stats: dict[str, list[float]] = {k: [] for k in ("actor/loss", "actor/pg_clipfrac", "actor/approx_kl",
                                                          "actor/entropy", "actor/grad_norm", "critic/value_loss",
                                                          "critic/clipfrac", "critic/grad_norm")}
-        for _ in range(t.epochs):
-            order = torch.randperm(B, generator=self.generator)
+        for epoch, order in enumerate(orders):
             for j in range(t.minibatches):
                 idx = order[j * mb : (j + 1) * mb]
-                sub = batch.select(idx)
-                logp, values, entropy = response_logprobs(self.model, sub, t.temperature)
+                logp, values, entropy = (first_out if epoch == j == 0 else
+                                         rows_logprobs(self.model, batch, idx, t.temperature))
                 sub_mask = mask[idx]
                 actor = ppo_actor_loss(logp, anchor[idx], advantages[idx], correction.weight[idx], correction.keep[idx],
                                        sub_mask, m.clip_low, m.clip_high, m.dual_clip, by_kept)

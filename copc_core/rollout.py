@@ -73,6 +73,11 @@ class TrajectoryBatch:
                                [self.problems[i] for i in idx], [self.responses[i] for i in idx],
                                self.truncated[index], self.pad_id)
 
+    def head(self, width: int) -> TrajectoryBatch:
+        """The first `width` response positions of every episode (prompts, records and flags unchanged)."""
+        cut = [getattr(self, n)[:, :width] for n in ("response_ids", "mask", "logp_behavior", "version", "rewards")]
+        return TrajectoryBatch(self.prompt_ids, *cut, self.problems, self.responses, self.truncated, self.pad_id)
+
     @staticmethod
     def concat(batches: list[TrajectoryBatch]) -> TrajectoryBatch:
         T = max(b.response_ids.shape[1] for b in batches)
@@ -95,6 +100,13 @@ class TrajectoryBatch:
             torch.cat([b.truncated for b in batches]),
             pad_id,
         )
+
+
+def policy_widths(mask: Tensor) -> Tensor:
+    """[B] long: response positions up to and including each episode's last policy token (0 without
+    one). Past it come only padding, or tool output that no policy token follows: mask 0."""
+    T = mask.shape[1]
+    return (mask * torch.arange(1, T + 1, device=mask.device)).amax(dim=1).long()
 
 
 class NonFiniteBatchError(NonFiniteError):
@@ -255,7 +267,7 @@ def outcome_rewards(task: Task, problems: list, responses: list[str], mask: Tens
     """Rewards [B, T]: each episode's task reward on its last policy token (none without policy tokens)."""
     B, T = mask.shape
     rewards = torch.zeros(B, T)
-    last_policy = (mask * torch.arange(1, T + 1)).argmax(dim=1)  # index of the last policy token
+    last_policy = (policy_widths(mask) - 1).clamp(min=0)  # index of the last policy token
     scores = torch.tensor([task.reward(p, r, format_reward) for p, r in zip(problems, responses)])
     rewards[torch.arange(B), last_policy] = scores * (mask.sum(1) > 0)
     return rewards
