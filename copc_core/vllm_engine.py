@@ -9,7 +9,11 @@ the learner computes it) and the version of the weights loaded at the time.
 
 `load_weights(state, version)` pushes the learner's HF weights into every vLLM worker through a
 worker extension (`collective_rpc`), with a timeout that raises `WeightSyncTimeout` instead of
-hanging; the prefix cache is reset so no stale KV survives a weight change.
+hanging; the prefix cache is reset so no stale KV survives a weight change. The engine core runs in
+the engine's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as verl and others run vLLM inside an
+RL actor): vLLM's multiprocess engine core msgpack-encodes RPC arguments and decodes them untyped,
+so weight tensors would reach the worker as `[dtype, shape, buffer]` lists (vllm/v1/serial_utils.py),
+not as tensors. The extension refuses such a payload by name.
 
 vLLM is imported lazily; `vllm_unavailable_reason()` says why the engine cannot run here (no CUDA
 GPU, vLLM not installed) — the `gpu` tests skip on it.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import os
 
 import torch
 from torch import Tensor
@@ -50,6 +55,10 @@ class WeightSyncExtension:
     """Mixed into each vLLM worker (`worker_extension_cls`): receives weights from the learner."""
 
     def copc_load_weights(self, weights: dict[str, Tensor]) -> int:
+        wrong = sorted({type(v).__name__ for v in weights.values() if not isinstance(v, Tensor)})
+        if wrong:
+            raise TypeError(f"weights arrived as {', '.join(wrong)}, not tensors: the RPC went through vLLM's "
+                            "multiprocess engine core (set VLLM_ENABLE_V1_MULTIPROCESSING=0)")
         device = next(self.model_runner.model.parameters()).device
         loaded = self.model_runner.model.load_weights(weights=((k, v.to(device)) for k, v in weights.items()))
         return len(loaded) if loaded is not None else len(weights)
@@ -64,6 +73,8 @@ class VLLMEngine:
         reason = vllm_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")
+        # the engine core in this process: collective_rpc then hands the workers the weight tensors themselves
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         # generation_config="vllm": ignore the checkpoint's sampling defaults (top-k/top-p would make μ a

@@ -38,6 +38,23 @@ def test_only_the_causal_lm_weights_travel_to_vllm():
     assert set(hf_weights(state)) == {"model.embed_tokens.weight", "lm_head.weight"}
 
 
+class _Runner:
+    """Stands in for a vLLM worker's model runner: records what `load_weights` receives."""
+
+    def __init__(self):
+        self.model = torch.nn.Linear(2, 2)
+        self.model.load_weights = lambda weights: {name for name, _ in weights}
+
+
+def test_weight_sync_loads_tensors_and_refuses_a_serialised_payload_by_name():
+    worker = vllm_engine.WeightSyncExtension()
+    worker.model_runner = _Runner()
+    assert worker.copc_load_weights({"a": torch.zeros(2), "b": torch.ones(3)}) == 2
+    # what vLLM's multiprocess engine core makes of a tensor argument: [dtype, shape, buffer index]
+    with pytest.raises(TypeError, match="arrived as list, not tensors.*VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        worker.copc_load_weights({"a": ["float32", [2], 1]})
+
+
 def test_the_vllm_engine_is_only_for_hf_models():
     with pytest.raises(ValueError, match="rollout_engine"):
         ModelConfig(rollout_engine="vllm")
