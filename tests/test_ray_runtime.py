@@ -109,6 +109,16 @@ class _Stop(Exception):
     pass
 
 
+def stop_at(step: int):
+    """An `on_step` hook that interrupts the run once it has done `step` steps."""
+
+    def hook(trainer, metrics):
+        if trainer.step == step:
+            raise _Stop
+
+    return hook
+
+
 def test_resume_restores_weights_history_and_counters(tiny_warm_state):
     cfg = tiny_config(method="copc", staleness=1, steps=5)
     straight = RayTrainer(cfg, tiny_warm_state, HALF)
@@ -117,14 +127,9 @@ def test_resume_restores_weights_history_and_counters(tiny_warm_state):
     finally:
         straight.shutdown()
     first = RayTrainer(cfg, tiny_warm_state, HALF)
-
-    def stop_at_3(rt, metrics):
-        if rt.step == 3:
-            raise _Stop
-
     try:
         with pytest.raises(_Stop):
-            first.run(stop_at_3, barrier_every=3)  # at step 3 nothing is queued behind: a consistent state
+            first.run(stop_at(3), barrier_every=3)  # at step 3 nothing is queued behind: a consistent state
         state = first.state_dict()
     finally:
         first.shutdown()
@@ -147,14 +152,9 @@ def test_state_is_refused_while_a_learner_step_is_queued(tiny_warm_state):
     state taken then would pair the learner of one step with the history of another."""
     cfg = tiny_config(method="copc", staleness=1, steps=5)
     rt = RayTrainer(cfg, tiny_warm_state, HALF)
-
-    def stop_at_2(trainer, metrics):
-        if trainer.step == 2:
-            raise _Stop
-
     try:
         with pytest.raises(_Stop):
-            rt.run(stop_at_2)
+            rt.run(stop_at(2))
         with pytest.raises(RuntimeError, match=r"learner step\(s\) \[2\] in flight"):
             rt.state_dict()
     finally:
