@@ -33,10 +33,21 @@ def load_checkpoint(path: pathlib.Path) -> dict:
 
 def cached_warm_start(config: RunConfig, cache_dir: pathlib.Path,
                       progress: Callable[[int, int, float], None] | None = None) -> dict[str, torch.Tensor]:
-    """Warm-start weights for `config`, computed once per (model, task, warm_start) hash."""
+    """Warm-start weights for `config`, computed once per (model, task, warm_start) hash.
+
+    Computed on one torch thread, whatever the calling process uses: the cache is shared by every
+    entry point (`copc train`, the sweep flow, the Ray driver), and its floats must be a function of
+    the key alone, not of which process got there first (a CPU reduction split over two threads
+    rounds differently).
+    """
     path = pathlib.Path(cache_dir) / f"warmstart-{warm_start_key(config)}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)
-    state = warm_start(config, progress)
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        state = warm_start(config, progress)
+    finally:
+        torch.set_num_threads(caller_threads)
     save_checkpoint(path, state)
     return state
