@@ -1,8 +1,9 @@
 """The Ray async runtime: rollout-worker actors, a learner actor, versioned weights, overlap.
 
 Actors are thin shells around copc_core objects (`TorchSampler`, `Learner`). Weights travel as
-object-store references: the learner returns its new weights from `step`, the driver hands the
-reference to workers, nobody copies them through the driver. Batches likewise: under controlled
+object-store references to one packed byte buffer (`infra/packed_weights.py`): the learner returns
+its new weights from `step`, the driver hands the reference to workers, nobody copies them through
+the driver. Batches likewise: under controlled
 lag the learner step is called with the worker's result reference and Ray moves the batch from
 worker to learner directly (the learner reports episodes and token lags back for the counters).
 
@@ -43,6 +44,7 @@ from copc_core.stability import RunSummary, summarise
 from copc_core.tensors import NonFiniteError
 from copc_core.trainer import ProblemStream, evaluate, make_sampler, sampling_generator, snapshot, step_seed
 from copc_core.warmstart import build_model
+from infra.packed_weights import PackedWeights, pack, unpack
 
 
 CHUNK_KEY_OFFSET = 10_000_000  # seed keys of free-running chunks never meet those of lag-k steps
@@ -95,12 +97,12 @@ class RolloutWorker:
         self.problems = ProblemStream(self.config, self.config.train.seed)
         self.loaded = -1
 
-    def _load(self, weights: dict, version: int) -> None:
+    def _load(self, weights: PackedWeights, version: int) -> None:
         if version != self.loaded:
-            self.sampler.load_weights(weights, version)
+            self.sampler.load_weights(unpack(weights), version)
             self.loaded = version
 
-    def sample(self, weights: dict, version: int, key: int, n: int) -> tuple[TrajectoryBatch, float]:
+    def sample(self, weights: PackedWeights, version: int, key: int, n: int) -> tuple[TrajectoryBatch, float]:
         """n episodes with `version`; problems and sampling seeds depend only on (run seed, key).
 
         The controlled-lag schedule uses key = step, like the in-process trainer.
@@ -111,7 +113,7 @@ class RolloutWorker:
         batch = self.sampler.sample(problems, version, sampling_generator(self.config.train.seed, key))
         return batch, time.perf_counter() - start
 
-    def evaluate(self, weights: dict, version: int) -> dict[str, float]:
+    def evaluate(self, weights: PackedWeights, version: int) -> dict[str, float]:
         self._load(weights, version)
         return evaluate(self.sampler, self.problems.eval_problems, self.config, version)
 
@@ -133,7 +135,7 @@ class LearnerActor:
         self.learner = Learner(model, self.config, torch.Generator().manual_seed(2 * self.config.train.seed + 1))
 
     @ray.method(num_returns=3)
-    def step(self, version: int, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict, dict]:
+    def step(self, version: int, *parts: tuple[TrajectoryBatch, float]) -> tuple[dict, dict, PackedWeights | None]:
         """One update on the concatenated parts; returns (metrics, accounting, new weights) as three objects.
 
         `version` is the learner version the driver means this step to update; a call that finds the
@@ -144,7 +146,7 @@ class LearnerActor:
         token (learner version − sampling version).
         """
         if version != self.learner.version:
-            return {"skipped": f"called for version {version}, the learner is at {self.learner.version}"}, {}, {}
+            return {"skipped": f"called for version {version}, the learner is at {self.learner.version}"}, {}, None
         batch = parts[0][0] if len(parts) == 1 else TrajectoryBatch.concat([b for b, _ in parts])
         lags = (self.learner.version - batch.version)[batch.mask > 0]
         accounting = {"episodes": batch.size,
@@ -152,10 +154,10 @@ class LearnerActor:
         try:
             metrics = self.learner.step(batch)
         except NonFiniteError as err:
-            return {"error": str(err)}, accounting, {}
+            return {"error": str(err)}, accounting, None
         metrics |= episode_stats(batch)
         metrics["time/rollout_s"] = max(seconds for _, seconds in parts)
-        return metrics, accounting, snapshot(self.learner.model)
+        return metrics, accounting, pack(self.learner.model.state_dict())
 
     def weights(self) -> dict:
         return snapshot(self.learner.model)
@@ -190,7 +192,7 @@ class RayTrainer:
         self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
             self.config_json, warm_state, resources.torch_threads)
         self.workers = [self._new_worker() for _ in range(resources.rollout_workers)]
-        self.versions: dict[int, ray.ObjectRef] = {0: ray.put(warm_state)}
+        self.versions: dict[int, ray.ObjectRef] = {0: ray.put(pack(warm_state))}  # version → PackedWeights
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.evals: list[dict[str, float]] = []
@@ -405,7 +407,7 @@ class RayTrainer:
                                "a barrier step (run(barrier_every=...)) or after the run")
         return {"config": self.config.model_dump(mode="json"), "step": self.step,
                 "learner": self._get(self.learner.state_dict.remote(), "learner state"),
-                "versions": {v: ray.get(ref) for v, ref in self.versions.items()},
+                "versions": {v: unpack(ray.get(ref)) for v, ref in self.versions.items()},
                 "history": list(self.history), "evals": list(self.evals),
                 "counters": self.counters.__dict__.copy(), "non_finite_step": self.non_finite_step}
 
@@ -414,7 +416,7 @@ class RayTrainer:
             raise ValueError("checkpoint was written by a different RunConfig")
         self.step = state["step"]
         self._get(self.learner.load_state_dict.remote(state["learner"]), "learner restore")
-        self.versions = {int(v): ray.put(w) for v, w in state["versions"].items()}
+        self.versions = {int(v): ray.put(pack(w)) for v, w in state["versions"].items()}
         self.history, self.evals = list(state["history"]), list(state["evals"])
         self.counters = Counters(**state["counters"])
         self.non_finite_step = state["non_finite_step"]

@@ -5,6 +5,7 @@ import ray
 import torch
 
 from copc_core.trainer import Trainer
+from infra.packed_weights import unpack
 from infra.ray_runtime import LearnerActor, RayResources, RayTrainer, RuntimeTimeoutError, init_ray
 from tests.conftest import tiny_config
 
@@ -182,7 +183,7 @@ def test_a_non_finite_step_stops_the_run_and_the_step_queued_behind_it_changes_n
     try:
         summary = rt.run()
         learner_weights = ray.get(rt.learner.weights.remote())
-        last_weights = ray.get(rt.versions[rt.step])
+        last_weights = unpack(ray.get(rt.versions[rt.step]))
         state = rt.state_dict()  # nothing left in flight
     finally:
         rt.shutdown()
