@@ -5,7 +5,8 @@
     3. PPO epochs over shuffled minibatches: clipped surrogate × w, clipped value loss, entropy bonus
     4. gradient clipping; a non-finite loss or gradient skips the update and raises NonFiniteUpdateError
 
-It returns a flat dict of floats with the `group/name` keys of docs/ALGORITHMS.md §5.
+It returns a flat dict of floats with the `group/name` keys of docs/ALGORITHMS.md §5, and
+`learner/positions`: the token positions its forward passes read (the work a step did).
 """
 
 from __future__ import annotations
@@ -55,9 +56,14 @@ def rows_logprobs(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temp
     """
     sub = batch.select(rows)
     T = sub.response_ids.shape[1]
-    width = max(1, int(policy_widths(sub.mask).max()))
+    width = forward_width(sub.mask)
     out = response_logprobs(model, sub.head(width) if width < T else sub, temperature)
     return tuple(torch.nn.functional.pad(x, (0, T - width)) for x in out)  # type: ignore[return-value]
+
+
+def forward_width(mask: Tensor) -> int:
+    """Response positions a forward pass over these episodes computes: up to the longest one's last policy token."""
+    return max(1, int(policy_widths(mask).max()))
 
 
 class Learner:
@@ -85,15 +91,23 @@ class Learner:
         # keeps its graph and serves that minibatch's update too; the other episodes go without grad,
         # in chunks of episodes of similar length (each cut at its longest), ~20 % faster per row on a
         # CPU than all at once.
+        P = batch.prompt_ids.shape[1]
+        positions = 0  # token positions read by every forward pass of this step (its unit of work)
+
+        def forward(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            nonlocal positions
+            positions += len(rows) * (P - 1 + forward_width(mask[rows]))
+            return rows_logprobs(self.model, batch, rows, t.temperature)
+
         first = orders[0][:mb]
-        first_out = rows_logprobs(self.model, batch, first, t.temperature)
+        first_out = forward(first)
         logp_old, values_old = (x.new_empty(B, x.shape[1]) for x in first_out[:2])
         with torch.no_grad():
             logp_old[first], values_old[first] = first_out[0], first_out[1]
             rest = orders[0][mb:]
             rest = rest[policy_widths(batch.mask[rest]).argsort(stable=True)]
             for rows in rest.split(mb):
-                logp_old[rows], values_old[rows], _ = rows_logprobs(self.model, batch, rows, t.temperature)
+                logp_old[rows], values_old[rows], _ = forward(rows)
             if not (torch.isfinite(logp_old * mask).all() and torch.isfinite(values_old).all()):
                 raise NonFiniteUpdateError("non-finite log-probabilities or values from the learner's forward pass")
         log_ratio = behavior_log_ratio(logp_old, batch.logp_behavior, mask)
@@ -111,8 +125,7 @@ class Learner:
         for epoch, order in enumerate(orders):
             for j in range(t.minibatches):
                 idx = order[j * mb : (j + 1) * mb]
-                logp, values, entropy = (first_out if epoch == j == 0 else
-                                         rows_logprobs(self.model, batch, idx, t.temperature))
+                logp, values, entropy = first_out if epoch == j == 0 else forward(idx)
                 sub_mask = mask[idx]
                 actor = ppo_actor_loss(logp, anchor[idx], advantages[idx], correction.weight[idx], correction.keep[idx],
                                        sub_mask, m.clip_low, m.clip_high, m.dual_clip, by_kept)
@@ -144,6 +157,7 @@ class Learner:
         staleness = (self.version - 1 - batch.version).float()
         out["staleness/mean"] = float(masked_mean(staleness, mask))
         out["staleness/max"] = float(torch.where(mask > 0, staleness, 0.0).max())
+        out["learner/positions"] = float(positions)
         out["time/train_s"] = time.perf_counter() - start
         return out
 

@@ -108,3 +108,18 @@ def test_a_learner_step_equals_the_plain_reference(batch_and_model, epochs):
         assert math.isclose(metrics[key], value, rel_tol=1e-9, abs_tol=1e-12), key
     for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=name)
+
+
+def test_learner_positions_count_the_tokens_the_model_read(batch_and_model):
+    cfg, batch, model = batch_and_model
+    model = copy.deepcopy(model)
+    read: list[int] = []
+    forward = model.forward
+    model.forward = lambda idx: (read.append(idx.numel()), forward(idx))[1]
+    out = Learner(model, cfg, torch.Generator().manual_seed(0)).step(copy.deepcopy(batch))
+    assert out["learner/positions"] == sum(read)
+    B, P, T = batch.size, batch.prompt_ids.shape[1], batch.mask.shape[1]
+    mb = B // cfg.train.minibatches
+    passes = B + (cfg.train.epochs * cfg.train.minibatches - 1) * mb  # rows read: all once, then every update but the first
+    assert sum(read) < passes * (P + T - 1)  # the width cut saved work
+    assert sum(read) >= passes * (P - 1 + int(policy_widths(batch.mask).min()))
