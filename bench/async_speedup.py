@@ -10,7 +10,8 @@ COPC at every lag k given. Per round, per k and as the median over rounds it pri
   * COPC / async PPO learner step time (`time/train_s`; goal ≤ 1.03), in those runs, raw and per
     token position the learner's forward passes read (`learner/positions`).
 The first 3 steps of each run are warm-up and left out; medians over the rest. Rounds alternate the
-runs so that a slow spell of a shared machine does not fall on one of them only.
+runs, and every other round takes them in reverse order, so that neither a slow spell of a shared
+machine nor a run's place in the sequence falls on one of them only.
 
 In the runs each method learns on the batches its own policy samples, and a learner step's cost
 depends on the batch (its forward passes stop at the longest episode's last policy token; at k = 4
@@ -103,7 +104,7 @@ def main() -> None:
     per_round: dict[int, list[dict[str, float]]] = {k: [] for k in args.staleness}
     for round_index in range(1, args.rounds + 1):
         results = {}
-        for label, method, lag in runs:
+        for label, method, lag in runs if round_index % 2 else runs[::-1]:
             cfg = with_overrides(RunConfig(), {"method.name": method, "train.staleness": lag,
                                                "train.steps": args.steps, "train.eval_every": 10_000})
             rt = RayTrainer(cfg, cached_warm_start(cfg, data_dir() / "cache"), resources)
