@@ -52,15 +52,16 @@ def same_batch_learner_ratio(k: int, n_batches: int, rounds: int) -> tuple[float
     import torch
 
     from copc_core.learner import Learner
-    from copc_core.trainer import ProblemStream, make_sampler, sampling_generator
-    from copc_core.warmstart import build_model
+    from copc_core.backends import make_engine
+    from copc_core.trainer import ProblemStream, sampling_generator
+    from copc_core.backends import build_model
     from infra.checkpoints import cached_warm_start
     from infra.settings import data_dir
 
     torch.set_num_threads(1)
     configs = [with_overrides(RunConfig(), {"method.name": name, "train.staleness": k}) for name in ("copc", "async_ppo")]
     warm = cached_warm_start(configs[0], data_dir() / "cache")
-    sampler = make_sampler(configs[0])
+    sampler = make_engine(configs[0])
     sampler.load_weights(warm, 0)
     problems = ProblemStream(configs[0], 0)
     batches = [sampler.sample(problems.batch(i, 128), 0, sampling_generator(0, i)) for i in range(n_batches)]

@@ -26,7 +26,7 @@ def main() -> None:
 
     from copc_core.backends import snapshot
     from copc_core.config import RunConfig, with_overrides
-    from copc_core.warmstart import build_model
+    from copc_core.backends import build_model
     from infra.packed_weights import pack, unpack
     from infra.ray_runtime import init_ray
 

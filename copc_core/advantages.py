@@ -31,10 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from copc_core.tensors import check_float_mask, check_same_shape, masked_mean
-
-# Natural log of the largest ratio we ever exponentiate; ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP)).
-LOG_RATIO_CLAMP = 20.0
+from copc_core.tensors import LOG_RATIO_CLAMP, check_float_mask, check_same_shape, masked_mean
 
 _SCAN_CHUNK = 32
 

@@ -11,11 +11,9 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from copc_core.methods import MethodSpec, method_spec, preset
-
-FROZEN = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+from copc_core.methods import FROZEN, Anchor, MethodSpec, method_spec, preset
 
 
 class MethodConfig(BaseModel):
@@ -30,6 +28,12 @@ class MethodConfig(BaseModel):
     tau_policy: float | None = Field(None, ge=1.0, description="policy mask band τ_p ≥ 1 (COPC channel 1)")
     tau_advantage: float | None = Field(None, ge=1.0, description="advantage clip band τ_a ≥ 1 (COPC channel 2)")
     policy_weight: Literal["ratio", "one"] | None = None
+    anchor: Anchor | None = Field(None, description="PPO ratio anchor: behavior (μ) | recomputed (π_old) | "
+                                                     "interpolated (A-3PO); None: the preset's")
+    anchor_alpha: float | None = Field(None, ge=0.0, le=1.0, description="interpolated anchor's α (None: A-3PO's "
+                                                                          "k/(k+1) per token)")
+    mask_ratio: Literal["old", "live"] | None = Field(None, description="ratio band tested on π_old/μ (old) or on "
+                                                                        "π_θ/μ inside the epochs (live)")
     loss_denominator: Literal["all", "kept"] | None = None
     return_target: Literal["traced", "gae"] | None = None
     advantage_clip: Literal["two_sided", "one_sided"] | None = None
@@ -39,6 +43,8 @@ class MethodConfig(BaseModel):
     value_clip: float | None = Field(0.2, gt=0.0, description="value clip ε_v (None: off)")
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(0.95, ge=0.0, le=1.0)
+    critic_lam: float | None = Field(None, ge=0.0, le=1.0, description="λ of the critic's target (None: lam; "
+                                                                        "VAPO's decoupled GAE uses 1)")
     normalize_advantages: bool = True
 
     @model_validator(mode="after")
@@ -47,8 +53,9 @@ class MethodConfig(BaseModel):
         return self
 
     def spec(self) -> MethodSpec:
-        policy = {k: v for k, v in (("weight", self.policy_weight), ("loss_denominator", self.loss_denominator))
-                  if v is not None}
+        policy = {k: v for k, v in (("weight", self.policy_weight), ("anchor", self.anchor),
+                                    ("alpha", self.anchor_alpha), ("mask_ratio", self.mask_ratio),
+                                    ("loss_denominator", self.loss_denominator)) if v is not None}
         advantage = {k: v for k, v in (("return_target", self.return_target), ("clip", self.advantage_clip))
                      if v is not None}
         return method_spec(self.name, self.tau_policy, self.tau_advantage, policy, advantage)
@@ -76,6 +83,10 @@ class ModelConfig(BaseModel):
     n_head: int = Field(4, ge=1)
     n_embd: int = Field(64, ge=8)
     separate_critic: bool = False
+    critic_init: Literal["own", "policy"] = Field("own", description="separate critic trunk's start: its own (tiny: "
+                                                                     "random init; hf: the pretrained base) or a copy "
+                                                                     "of the warm-started policy trunk (LLM PPO's "
+                                                                     "critic from the SFT model)")
     hf_model: str | None = Field(None, min_length=1, description="Hub id or local directory (backend hf)")
     hf_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     hf_attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
@@ -94,6 +105,8 @@ class ModelConfig(BaseModel):
             raise ValueError("hf_model is required with backend 'hf' and only valid with it")
         if self.system_prompt is not None and self.backend != "hf":
             raise ValueError("system_prompt only applies to backend 'hf'")
+        if self.critic_init != "own" and not self.separate_critic:
+            raise ValueError("critic_init only applies with separate_critic (a shared trunk is the policy's)")
         if self.rollout_engine == "vllm" and self.backend != "hf":
             raise ValueError("rollout_engine 'vllm' needs backend 'hf' (vLLM serves Hugging Face models)")
         return self
@@ -180,7 +193,12 @@ class WarmStartConfig(BaseModel):
 
 
 class TrainConfig(BaseModel):
-    """PPO with controlled staleness k (the batch of step v is sampled with version max(0, v − k))."""
+    """PPO with controlled staleness k (the batch of step v is sampled with version max(0, v − L_v), L_v = k
+    exactly or drawn uniformly from {0, …, k}) or bounded staleness η (free-running workers, Ray runtime).
+
+    One version (one learner step) is `minibatches × epochs` optimizer updates: a lag of k versions is
+    k · minibatches · epochs updates, the unit the papers count in (docs/ALGORITHMS.md §4).
+    """
 
     model_config = FROZEN
 
@@ -189,12 +207,22 @@ class TrainConfig(BaseModel):
     minibatches: int = Field(4, ge=1)
     epochs: int = Field(1, ge=1)
     lr: float = Field(3e-4, gt=0.0, lt=1.0)
+    critic_lr_scale: float = Field(1.0, gt=0.0, le=1000.0, description="critic learning rate = lr × this "
+                                                                         "(value head, and the critic trunk if separate)")
+    critic_warmup_steps: int = Field(0, ge=0, le=10_000, description="value-only updates on rollouts of the warm start "
+                                                                     "before the first policy update (no version spent)")
     max_grad_norm: float = Field(1.0, gt=0.0)
     value_coef: float = Field(0.5, ge=0.0)
     entropy_coef: float = Field(0.0, ge=0.0)
     temperature: float = Field(1.0, gt=0.0)
-    staleness: int = Field(0, ge=0, le=1024)
-    eval_every: int = Field(10, ge=1)
+    staleness: int = Field(0, ge=0, le=1024, description="controlled lag k in versions (learner steps)")
+    lag: Literal["exact", "uniform"] = Field("exact", description="each batch's lag: k exactly, or uniform on {0..k}")
+    eta: int | None = Field(None, ge=0, le=1024, description="bounded staleness η (free-running sampling, Ray "
+                                                             "runtime); None: controlled lag")
+    eta_chunk: int = Field(16, ge=1, description="episodes per free-running sampling request (bounded staleness)")
+    eval_every: int = Field(5, ge=1)
+    kl_step_rows: int = Field(16, ge=0, description="episodes of each batch on which policy/kl_step is measured "
+                                                    "(0: off)")
     seed: int = 0
     torch_threads: int = Field(1, ge=1)
 
@@ -202,7 +230,18 @@ class TrainConfig(BaseModel):
     def _sizes(self) -> TrainConfig:
         if self.batch_size % self.minibatches:
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by minibatches ({self.minibatches})")
+        if self.eta is not None:
+            if self.staleness or self.lag != "exact":
+                raise ValueError("eta (bounded staleness) and staleness/lag (controlled lag) are two schedules: "
+                                 "give one")
+            if self.batch_size % self.eta_chunk:
+                raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of eta_chunk ({self.eta_chunk})")
         return self
+
+    @property
+    def updates_per_version(self) -> int:
+        """Optimizer updates in one learner step."""
+        return self.minibatches * self.epochs
 
 
 class ResourcesConfig(BaseModel):
@@ -232,8 +271,9 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _method_fits_schedule(self) -> RunConfig:
-        if self.method.spec().on_policy and self.train.staleness > 0:
-            raise ValueError(f"method {self.method.name!r} is on-policy: staleness must be 0, got {self.train.staleness}")
+        if self.method.spec().on_policy and (self.train.staleness > 0 or self.train.eta):
+            raise ValueError(f"method {self.method.name!r} is on-policy: staleness must be 0, got "
+                             f"{self.train.staleness if not self.train.eta else f'eta {self.train.eta}'}")
         return self
 
     def config_hash(self, *sections: str) -> str:

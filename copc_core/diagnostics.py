@@ -85,6 +85,35 @@ def ratio_diagnostics(log_ratio: Tensor, mask: Tensor, correction: PolicyCorrect
     }
 
 
+def exact_kl(log_probs_p: Tensor, log_probs_q: Tensor, mask: Tensor) -> Tensor:
+    """Mean over policy tokens of the full-vocabulary KL(p ‖ q) = Σ_v p(v) (log p(v) − log q(v)).
+
+    `policy/kl_step` is this with p = π_v (before a learner step) and q = π_{v+1} (after it), on
+    the step's own states: the per-step policy change that k steps of lag accumulate.
+    Shapes: log_probs_p, log_probs_q: [B, T, V] (log-softmax outputs); mask: [B, T] → [].
+    """
+    check_same_shape(log_probs_p=log_probs_p, log_probs_q=log_probs_q)
+    check_same_shape(mask=mask, positions=log_probs_p[..., 0])
+    per_token = (log_probs_p.exp() * (log_probs_p - log_probs_q)).sum(-1)
+    return masked_mean(per_token, mask)
+
+
+def behavior_kl(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """k3 estimates of KL(μ ‖ π_old) from samples of μ: E_μ[ρ − 1 − log ρ] per policy token, and its
+    sum over each sequence's policy tokens averaged over sequences (the staleness a sequence carries).
+
+        staleness/kl_behavior       mean_t (ρ_t − 1 − log ρ_t)
+        staleness/kl_behavior_seq   mean_i Σ_t (ρ_{i,t} − 1 − log ρ_{i,t})
+
+    Schulman 2020, "Approximating KL divergence" (k3). Shapes: [B, T] → 0-dim tensors.
+    """
+    check_same_shape(log_ratio=log_ratio, mask=mask)
+    k3 = (torch.expm1(log_ratio) - log_ratio) * mask
+    has_tokens = (mask.sum(dim=1) > 0).to(mask.dtype)
+    per_sequence = (k3.sum(dim=1) * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+    return {"staleness/kl_behavior": masked_mean(k3, mask), "staleness/kl_behavior_seq": per_sequence}
+
+
 def trace_diagnostics(log_ratio: Tensor, mask: Tensor, trace: Tensor | None) -> dict[str, Tensor]:
     """Trace-side statistics of the advantage estimator.
 

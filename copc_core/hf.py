@@ -69,6 +69,11 @@ class HFActorCritic(nn.Module):
     def max_length(self) -> int:
         return int(self.policy.config.max_position_embeddings)
 
+    @property
+    def policy_trunk(self) -> nn.Module:
+        """The transformer whose features the LM head reads (what a critic trunk copies)."""
+        return self.policy.base_model
+
     def _hidden(self, trunk: nn.Module, idx: Tensor, attention: Tensor, positions: Tensor, cache=None) -> Tensor:
         kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
         return trunk(input_ids=idx, attention_mask=attention, position_ids=positions, **kwargs).last_hidden_state

@@ -109,12 +109,18 @@ class TinyGPT(nn.Module):
         self.shape = shape
         self.trunk = Trunk(shape)
         self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
-        self.critic_trunk = Trunk(shape) if shape.separate_critic else None
         self.value_head = nn.Linear(shape.n_embd, 1)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
+        self._initialise(self)
+        # the critic trunk draws its initial weights after everything else: the policy's do not depend
+        # on whether the critic has a trunk of its own
+        self.critic_trunk = self._initialise(Trunk(shape)) if shape.separate_critic else None
+
+    def _initialise(self, module: nn.Module) -> nn.Module:
+        module.apply(self._init_weights)
+        for name, p in module.named_parameters():  # GPT-2 scaled init of residual projections
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.shape.n_layer))
+        return module
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -128,6 +134,11 @@ class TinyGPT(nn.Module):
     @property
     def max_length(self) -> int:
         return self.shape.block_size
+
+    @property
+    def policy_trunk(self) -> nn.Module:
+        """The transformer whose features the LM head reads (what a critic trunk copies)."""
+        return self.trunk
 
     def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         if idx.shape[1] > self.shape.block_size:

@@ -120,6 +120,8 @@ class ActorCritic(Protocol):
     """
 
     max_length: int
+    policy_trunk: torch.nn.Module  # the policy's transformer (a separate critic trunk may start as its copy)
+    critic_trunk: torch.nn.Module | None
 
     def __call__(self, idx: Tensor) -> tuple[Tensor, Tensor]: ...
 

@@ -1,8 +1,12 @@
 """Collapse detection, early warnings and the `RunSummary` (docs/ALGORITHMS.md §5).
 
-A run is *collapsed* when its eval accuracy falls more than 50 % below its running peak and stays
-there for the rest of the run, or on a non-finite loss or gradient. Early warnings: an ESS drop
-(below half its running median) and a grad-norm spike (above 5× its running median).
+A run is *collapsed* when its held-out accuracy (evaluated every `eval_every` steps) falls more than
+50 % below its running peak and stays there for the rest of the run, or on a non-finite loss or
+gradient. The same rule on the training reward of every step (`reward/mean`, the batch's mean
+outcome reward) gives `collapse_step_train`: it sees rise-and-fall episodes shorter than the
+evaluation interval, and is reported beside the held-out verdict, never instead of it. Early
+warnings: an ESS drop (below half its running median) and a grad-norm spike (above 5× its
+running median).
 """
 
 from __future__ import annotations
@@ -59,13 +63,18 @@ class RunSummary(BaseModel):
     collapsed: bool
     collapse_step: int | None
     collapse_reason: str | None  # "accuracy" | "non_finite" | None
+    collapse_step_train: int | None  # the collapse rule on the per-step training reward
     ess_drop_steps: list[int]
     grad_norm_spike_steps: list[int]
     mean_step_s: float
     mean_rollout_s: float
     mean_train_s: float
-    staleness_mean: float
+    staleness_mean: float  # realised lag in versions (learner steps)
     staleness_max: float
+    staleness_updates_mean: float  # the same in optimizer updates (the unit the papers count in)
+    kl_step_mean: float | None  # mean over steps of policy/kl_step (None: not measured)
+    critic_explained_var_first: float | None  # critic/explained_var at the first policy step
+    critic_warmup_explained_var: float | None  # at the last critic warm-up step (None: no warm-up)
 
 
 def area_under_curve(steps: list[int], accuracy: list[float]) -> float:
@@ -76,9 +85,10 @@ def area_under_curve(steps: list[int], accuracy: list[float]) -> float:
     return area / (steps[-1] - steps[0])
 
 
-def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], non_finite_step: int | None
-              ) -> RunSummary:
-    """Build the summary from eval records ({step, eval/accuracy, eval/accuracy_greedy}) and step metrics."""
+def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], non_finite_step: int | None,
+              warmup: list[dict[str, float]] = ()) -> RunSummary:
+    """Build the summary from eval records ({step, eval/accuracy, eval/accuracy_greedy}), step metrics
+    and the critic warm-up records."""
     steps = [int(e["step"]) for e in evals]
     acc = [e["eval/accuracy"] for e in evals]
     step_acc = collapse_step(steps, acc)
@@ -88,6 +98,10 @@ def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], no
     def mean(key: str) -> float:
         vals = [h[key] for h in history if key in h]
         return sum(vals) / len(vals) if vals else 0.0
+
+    rewarded = [h for h in history if "reward/mean" in h]
+    train_collapse = collapse_step([int(h["step"]) for h in rewarded], [h["reward/mean"] for h in rewarded])
+    kl = [h["policy/kl_step"] for h in history if "policy/kl_step" in h]
 
     ess = [h["correction/ess"] for h in history]
     grad = [h["actor/grad_norm"] for h in history]
@@ -101,6 +115,7 @@ def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], no
         collapsed=reason is not None,
         collapse_step=at,
         collapse_reason=reason,
+        collapse_step_train=train_collapse,
         ess_drop_steps=[int(history[i]["step"]) for i in drops(ess, 0.5)],
         grad_norm_spike_steps=[int(history[i]["step"]) for i in spikes(grad, 5.0)],
         mean_step_s=mean("time/step_s"),
@@ -108,4 +123,8 @@ def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], no
         mean_train_s=mean("time/train_s"),
         staleness_mean=mean("staleness/mean"),
         staleness_max=max((h["staleness/max"] for h in history), default=0.0),
+        staleness_updates_mean=mean("staleness/updates"),
+        kl_step_mean=sum(kl) / len(kl) if kl else None,
+        critic_explained_var_first=history[0]["critic/explained_var"] if history else None,
+        critic_warmup_explained_var=warmup[-1]["critic/explained_var"] if warmup else None,
     )

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
+# Natural log of the largest ratio we ever exponentiate; ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP)).
+LOG_RATIO_CLAMP = 20.0
+
 
 def check_same_shape(**tensors: Tensor) -> None:
     """Raise ValueError naming the tensors when their shapes differ."""

@@ -1,12 +1,17 @@
 """The in-process trainer loop with controlled staleness k.
 
-The batch for learner step v is sampled with the weights of version max(0, v − k), exactly: the
-trainer keeps a ring of the last k + 1 weight snapshots. k = 0 is synchronous PPO. Evaluation on
-held-out prompts every `eval_every` steps (and at step 0, the warm start), collapse detection and
-the `RunSummary` come from copc_core.stability. `state_dict()` holds everything a resumed run
-needs to continue identically (weights, optimiser, RNG states, snapshot ring, step, history).
+The batch for learner step v is sampled with the weights of version max(0, v − L_v): L_v = k
+exactly (`lag: exact`), or drawn from {0, …, k} per step with a seeded generator (`lag: uniform`,
+as a bounded-staleness system sees it); the trainer keeps a ring of the last k + 1 weight
+snapshots. k = 0 is synchronous PPO. Before the first policy update, `critic_warmup_steps`
+value-only updates run on batches sampled with the warm start (no version spent, policy
+untouched). Evaluation on held-out prompts every `eval_every` steps (and at step 0, the warm
+start), collapse detection and the `RunSummary` come from copc_core.stability. `state_dict()`
+holds everything a resumed run needs to continue identically (weights, optimiser, RNG states,
+snapshot ring, step, history, critic warm-up).
 
-The Ray runtime (infra) runs the same pieces in actors and overlaps sampling with training.
+The Ray runtime (infra) runs the same pieces in actors and overlaps sampling with training;
+bounded staleness η (free-running workers) exists only there.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from copc_core.rollout import RolloutEngine, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tasks import make_task
 from copc_core.tensors import NonFiniteError
-from copc_core.backends import build_model, make_engine, snapshot  # noqa: F401  (snapshot re-exported)
+from copc_core.backends import build_model, make_engine, snapshot
+
+WARMUP_KEY_OFFSET = 20_000_000  # problem/sampling keys of critic warm-up batches never meet those of steps
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:
@@ -55,6 +62,17 @@ def sampling_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(step_seed(seed, step, 1))
 
 
+def behavior_version(config: RunConfig, step: int) -> int:
+    """The weights version that samples the batch of learner step `step` under controlled lag."""
+    t = config.train
+    lag = t.staleness if t.lag == "exact" else random.Random(step_seed(t.seed, step, 2)).randint(0, t.staleness)
+    return max(0, step - lag)
+
+
+class BoundedStalenessNeedsRayError(ValueError):
+    """`train.eta` (free-running sampling) was given to the in-process trainer."""
+
+
 def evaluate(sampler: RolloutEngine, problems: list, config: RunConfig, step: int) -> dict[str, float]:
     """Held-out accuracy of the sampler's current weights: temperature-1 samples and greedy."""
     greedy = sampler.sample(problems, step, None, greedy=True)
@@ -66,18 +84,16 @@ def evaluate(sampler: RolloutEngine, problems: list, config: RunConfig, step: in
             "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
 
 
-def make_sampler(config: RunConfig) -> RolloutEngine:
-    """The configured rollout engine (copc_core.backends.ENGINES)."""
-    return make_engine(config)
-
-
 class Trainer:
     def __init__(self, config: RunConfig, warm_state: dict[str, torch.Tensor]):
         t = config.train
+        if t.eta is not None:
+            raise BoundedStalenessNeedsRayError("bounded staleness (train.eta) samples with free-running workers: it "
+                                                "runs on the Ray runtime only (copc train --runtime ray)")
         self.config = config
         self.model = build_model(config, t.seed)
         self.model.load_state_dict(warm_state)
-        self.sampler = make_sampler(config)
+        self.sampler = make_engine(config)
         self.learner = Learner(self.model, config, torch.Generator().manual_seed(2 * t.seed + 1))
         self.problems = ProblemStream(config, t.seed)
         self.step = 0
@@ -85,13 +101,33 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.evals: list[dict[str, float]] = []
         self.non_finite_step: int | None = None
+        self.warmup: list[dict[str, float]] = []  # critic warm-up records
 
     @property
     def done(self) -> bool:
         return self.step >= self.config.train.steps or self.non_finite_step is not None
 
     def behavior_version(self, step: int) -> int:
-        return max(0, step - self.config.train.staleness)
+        return behavior_version(self.config, step)
+
+    def warm_up_critic(self, progress: Callable[[int, int, dict[str, float]], None] | None = None) -> bool:
+        """The critic warm-up steps not yet taken, each on a fresh batch sampled with the warm start.
+
+        Returns whether any ran (the caller may then checkpoint). A non-finite value update raises.
+        """
+        total = self.config.train.critic_warmup_steps
+        if self.learner.critic_warmup_steps >= total:
+            return False
+        self.sampler.load_weights(self.ring[0], 0)
+        while self.learner.critic_warmup_steps < total:
+            key = WARMUP_KEY_OFFSET + self.learner.critic_warmup_steps
+            problems = self.problems.batch(key, self.config.train.batch_size)
+            batch = self.sampler.sample(problems, 0, sampling_generator(self.config.train.seed, key))
+            record = self.learner.warm_up_critic(batch)
+            self.warmup.append(record)
+            if progress is not None:
+                progress(self.learner.critic_warmup_steps, total, record)
+        return True
 
     def evaluate(self) -> dict[str, float]:
         """Greedy and sampled accuracy of the current weights on the held-out prompts."""
@@ -125,6 +161,7 @@ class Trainer:
         return metrics
 
     def run(self, on_step: Callable[[Trainer, dict[str, float]], None] | None = None) -> RunSummary:
+        self.warm_up_critic()
         while not self.done:
             try:
                 metrics = self.run_step()
@@ -136,7 +173,7 @@ class Trainer:
         return self.summary()
 
     def summary(self) -> RunSummary:
-        return summarise(self.evals, self.history, self.non_finite_step)
+        return summarise(self.evals, self.history, self.non_finite_step, self.warmup)
 
     def state_dict(self) -> dict:
         return {
@@ -147,6 +184,7 @@ class Trainer:
             "history": list(self.history),
             "evals": list(self.evals),
             "non_finite_step": self.non_finite_step,
+            "warmup": list(self.warmup),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -158,3 +196,4 @@ class Trainer:
         self.history = list(state["history"])
         self.evals = list(state["evals"])
         self.non_finite_step = state["non_finite_step"]
+        self.warmup = list(state["warmup"])

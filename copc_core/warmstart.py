@@ -16,7 +16,7 @@ import random
 import torch
 
 from copc_core.config import RunConfig
-from copc_core.backends import build_model, make_codec, model_shape, snapshot  # noqa: F401  (model_shape re-exported)
+from copc_core.backends import build_model, make_codec, snapshot
 from copc_core.tasks import make_task
 from copc_core.tasks.base import Codec
 
@@ -76,6 +76,8 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
         optimizer.step()
         if progress is not None:
             progress(step + 1, ws.steps, float(loss.detach()))
+    if config.model.critic_init == "policy":  # the critic starts from the SFT model, as LLM PPO's does
+        model.critic_trunk.load_state_dict(model.policy_trunk.state_dict())
     state = snapshot(model)
     if device.type == "cuda":  # hand the memory back: vLLM workers may share this GPU next
         del model, optimizer

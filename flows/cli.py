@@ -66,7 +66,16 @@ def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, o
 def train(
     method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)"),
     task: Optional[str] = typer.Option(None, help="built-in task: tool_math (default) | search"),
-    staleness: Optional[int] = typer.Option(None, help="controlled lag k in optimizer steps (0 = synchronous)"),
+    staleness: Optional[int] = typer.Option(None, help="controlled lag k in versions (learner steps; one version = "
+                                                        "minibatches × epochs optimizer updates; 0 = synchronous)"),
+    lag: Optional[str] = typer.Option(None, help="exact (every batch k versions old) | uniform (lag drawn from 0..k)"),
+    eta: Optional[int] = typer.Option(None, help="bounded staleness η instead of a controlled lag: free-running "
+                                                 "sampling on the Ray runtime (implies --runtime ray)"),
+    anchor: Optional[str] = typer.Option(None, help="PPO ratio anchor: behavior | recomputed | interpolated "
+                                                    "(default: the method's; see `copc methods`)"),
+    separate_critic: Optional[bool] = typer.Option(None, "--separate-critic/--shared-critic",
+                                                   help="critic trunk of its own, or the value head on the policy's"),
+    critic_warmup_steps: Optional[int] = typer.Option(None, help="value-only updates before the first policy update"),
     tau_policy: Optional[float] = typer.Option(None, help="policy mask band τ_p ≥ 1 (inf: no mask)"),
     tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1"),
     seed: Optional[int] = typer.Option(None, help="training seed"),
@@ -99,7 +108,9 @@ def train(
     if config is not None and base is not None:
         _fail("give --config or --preset, not both")
     cfg = build_run_config(config, {
-        "method.name": method, "train.staleness": staleness, "method.tau_policy": tau_policy,
+        "method.name": method, "train.staleness": staleness, "train.lag": lag, "train.eta": eta,
+        "method.anchor": anchor, "model.separate_critic": separate_critic,
+        "train.critic_warmup_steps": critic_warmup_steps, "method.tau_policy": tau_policy,
         "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
         "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
         "model.backend": "hf" if hf_model else None, "model.hf_model": hf_model, "model.device": device,
@@ -107,6 +118,9 @@ def train(
     }, task, base=base)
     if runtime not in ("inprocess", "ray"):
         _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
+    if cfg.train.eta is not None and runtime != "ray":
+        typer.echo("bounded staleness (eta) runs on the Ray runtime: --runtime ray", err=True)
+        runtime = "ray"
     from copc_core.backends import device as model_device
 
     try:
@@ -120,8 +134,10 @@ def train(
 
     root = data_dir()
     run_dir = run_dir or root / "runs" / cfg.config_hash()
-    typer.echo(f"run {cfg.config_hash()} · task {cfg.task.name} · method {cfg.method.name} · k = {cfg.train.staleness}"
-               f" · {run_dir}")
+    t = cfg.train
+    schedule = (f"η = {t.eta}" if t.eta is not None else
+                f"k = {t.staleness} ({t.lag}; {t.staleness * t.updates_per_version} optimizer updates)")
+    typer.echo(f"run {cfg.config_hash()} · task {cfg.task.name} · method {cfg.method.name} · {schedule} · {run_dir}")
     warm_bar = None
 
     def on_warm(step: int, total: int, loss: float) -> None:
@@ -132,6 +148,17 @@ def train(
         warm_bar.set_postfix(loss=f"{loss:.3f}")
         if step == total:
             warm_bar.close()
+
+    critic_bar = None
+
+    def on_critic_warmup(step: int, total: int, record: dict[str, float]) -> None:
+        nonlocal critic_bar
+        if critic_bar is None:
+            critic_bar = tqdm(total=total, initial=step - 1, desc="critic warm-up", unit="step", file=sys.stderr)
+        critic_bar.update(1)
+        critic_bar.set_postfix(explained_var=f"{record['critic/explained_var']:.2f}")
+        if step == total:
+            critic_bar.close()
 
     bar = None
 
@@ -149,7 +176,7 @@ def train(
                                on_warm_start=on_warm)
     else:
         summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step,
-                                   on_warm_start=on_warm)
+                                   on_warm_start=on_warm, on_critic_warmup=on_critic_warmup)
     if bar is not None:
         bar.close()
     typer.echo(json.dumps(summary.model_dump(), indent=2))
@@ -159,11 +186,19 @@ def train(
 
 @app.command()
 def methods() -> None:
-    """List the registered methods."""
-    from copc_core.methods import METHODS
+    """List the registered methods: what each runs (anchor, correction, loss, estimator) and its source.
+
+    Every preset with a policy side takes `method.anchor` (behavior | recomputed | interpolated) and
+    the other options of docs/ALGORITHMS.md §2 (`copc train --anchor`, or a --config file)."""
+    from copc_core.methods import METHODS, describe, method_spec
 
     for name, row in METHODS.items():
-        typer.echo(f"{name:<22s} {row.description}  [{row.source}]")
+        typer.echo(f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}\n    source: {row.source}")
+    typer.echo("\nanchors of the PPO ratio r = π_θ / π_anchor (option method.anchor):\n"
+               "    behavior      π_anchor = μ, the rollout's log-probs; the IS weight sits inside r (w = 1)\n"
+               "    recomputed    π_anchor = π_old, the learner's recompute; w = ρ = π_old/μ\n"
+               "    interpolated  log π_anchor = log μ + α (log π_old − log μ); w = π_anchor/μ; α = "
+               "method.anchor_alpha or k/(k+1) (A-3PO)")
 
 
 @app.command("hf-tiny")

@@ -24,11 +24,12 @@ def train_in_process(
     checkpoint_every: int = 10,
     on_step: Callable[[Trainer, dict[str, float]], None] | None = None,
     on_warm_start: Callable[[int, int, float], None] | None = None,
+    on_critic_warmup: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> RunSummary:
     """Train `config` to completion; resumes from `run_dir/checkpoint.pt` when present and allowed.
 
-    Writes `config.json`, a checkpoint every `checkpoint_every` steps and at the end, and
-    `summary.json`.
+    Writes `config.json`, a checkpoint after critic warm-up, every `checkpoint_every` steps and at
+    the end, and `summary.json` (history.json holds the step, eval and warm-up records).
     """
     configure_torch_threads(config.train.torch_threads)
     run_dir = _start_run_dir(config, run_dir)
@@ -37,10 +38,12 @@ def train_in_process(
     checkpoint = run_dir / CHECKPOINT
     if resume and checkpoint.exists():
         trainer.load_state_dict(load_checkpoint(checkpoint))
+    if trainer.warm_up_critic(on_critic_warmup):
+        save_checkpoint(checkpoint, trainer.state_dict())  # a resumed run does not warm the critic again
 
     summary = trainer.run(_checkpointing(checkpoint, checkpoint_every, on_step))
     save_checkpoint(checkpoint, trainer.state_dict())
-    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals)
+    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals, trainer.warmup)
     return summary
 
 
@@ -63,9 +66,9 @@ def _start_run_dir(config: RunConfig, run_dir: pathlib.Path) -> pathlib.Path:
     return run_dir
 
 
-def _finish_run_dir(run_dir: pathlib.Path, summary: RunSummary, history: list, evals: list) -> None:
+def _finish_run_dir(run_dir: pathlib.Path, summary: RunSummary, history: list, evals: list, warmup: list) -> None:
     (run_dir / SUMMARY).write_text(summary.model_dump_json(indent=2))
-    (run_dir / "history.json").write_text(json.dumps({"steps": history, "evals": evals}))
+    (run_dir / "history.json").write_text(json.dumps({"steps": history, "evals": evals, "critic_warmup": warmup}))
 
 
 def train_on_ray(
@@ -80,8 +83,9 @@ def train_on_ray(
 ) -> RunSummary:
     """Train `config` with the Ray runtime (local Ray, or the cluster at `address`); same files as in-process.
 
-    Checkpoints are written at the runtime's barrier steps (every `checkpoint_every`), where no learner
-    step is queued ahead.
+    Controlled lag: checkpoints are written at the runtime's barrier steps (every `checkpoint_every`),
+    where no learner step is queued ahead. Bounded staleness (`train.eta`): free-running sampling;
+    a resumed run samples the chunks that were in flight again.
     """
     from infra.ray_runtime import RayResources, RayTrainer, init_ray
 
@@ -90,12 +94,19 @@ def train_on_ray(
     init_ray(address)
     trainer = RayTrainer(config, warm, RayResources.from_config(config))
     checkpoint = run_dir / CHECKPOINT
+    hook = _checkpointing(checkpoint, checkpoint_every, on_step)
+    t = config.train
     try:
         if resume and checkpoint.exists():
             trainer.load_state_dict(load_checkpoint(checkpoint))
-        summary = trainer.run(_checkpointing(checkpoint, checkpoint_every, on_step), barrier_every=checkpoint_every)
+        if trainer.warm_up_critic():
+            save_checkpoint(checkpoint, trainer.state_dict())
+        if t.eta is None:
+            summary = trainer.run(hook, barrier_every=checkpoint_every)
+        else:  # a learner step there is taken synchronously: every step is a consistent checkpoint point
+            summary = trainer.run_bounded(t.eta, t.eta_chunk, hook)
         save_checkpoint(checkpoint, trainer.state_dict())
     finally:
         trainer.shutdown()
-    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals)
+    _finish_run_dir(run_dir, summary, trainer.history, trainer.evals, trainer.warmup)
     return summary

@@ -42,8 +42,8 @@ from copc_core.learner import Learner
 from copc_core.rollout import TrajectoryBatch, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tensors import NonFiniteError
-from copc_core.trainer import ProblemStream, evaluate, make_sampler, sampling_generator, snapshot, step_seed
-from copc_core.warmstart import build_model
+from copc_core.backends import build_model, make_engine, snapshot
+from copc_core.trainer import WARMUP_KEY_OFFSET, ProblemStream, behavior_version, evaluate, sampling_generator
 from infra.packed_weights import PackedWeights, pack, unpack
 
 
@@ -93,7 +93,7 @@ class RolloutWorker:
     def __init__(self, config_json: str, torch_threads: int):
         torch.set_num_threads(torch_threads)
         self.config = RunConfig.model_validate_json(config_json)
-        self.sampler = make_sampler(self.config)
+        self.sampler = make_engine(self.config)
         self.problems = ProblemStream(self.config, self.config.train.seed)
         self.loaded = -1
 
@@ -159,6 +159,10 @@ class LearnerActor:
         metrics["time/rollout_s"] = max(seconds for _, seconds in parts)
         return metrics, accounting, pack(self.learner.model.state_dict())
 
+    def warm_up_critic(self, part: tuple[TrajectoryBatch, float]) -> dict:
+        """One value-only update (critic warm-up) on a worker's batch; the policy and the version stay."""
+        return self.learner.warm_up_critic(part[0])
+
     def weights(self) -> dict:
         return snapshot(self.learner.model)
 
@@ -198,6 +202,7 @@ class RayTrainer:
         self.evals: list[dict[str, float]] = []
         self.counters = Counters()
         self.non_finite_step: int | None = None
+        self.warmup: list[dict[str, float]] = []  # critic warm-up records
         self._eta = 0  # bounded-staleness η of a run_bounded run (versions older than step − η are dropped)
         self._inflight: dict[int, tuple[tuple, list[dict]]] = {}  # step → (learner call's refs, its requests)
         self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
@@ -314,6 +319,20 @@ class RayTrainer:
             self._evaluate()
         return True
 
+    def warm_up_critic(self) -> bool:
+        """The critic warm-up steps not yet taken (each on a fresh batch of the warm start, sampled by a
+        worker with the same keys as in process); True when any ran."""
+        t = self.config.train
+        if len(self.warmup) >= t.critic_warmup_steps:
+            return False
+        while len(self.warmup) < t.critic_warmup_steps:
+            key = WARMUP_KEY_OFFSET + len(self.warmup)
+            request = self._submit(0, 0, key, t.batch_size)
+            record = self._get(self.learner.warm_up_critic.remote(request["ref"]), f"critic warm-up step {key}")
+            self.counters.requests_completed += 1
+            self.warmup.append(record)
+        return True
+
     # ---- controlled lag k ----
 
     def run(self, on_step: Callable[[RayTrainer, dict], None] | None = None, barrier_every: int | None = None
@@ -324,7 +343,8 @@ class RayTrainer:
         multiple of `barrier_every`: there nothing is in flight while `on_step` runs, and
         `state_dict()` may be taken (a checkpoint).
         """
-        t, k = self.config.train, self.config.train.staleness
+        t = self.config.train
+        self.warm_up_critic()
         if not self.evals:
             self._evaluate()
         samples: dict[int, dict] = {}  # step → its rollout request, submitted ahead of its learner step
@@ -332,11 +352,13 @@ class RayTrainer:
             v = self.step
             wall_start = time.perf_counter()
             if v not in self._inflight:
-                self._submit_learner(v, [samples.pop(v, None) or self._submit(0, max(0, v - k), v, t.batch_size)])
+                self._submit_learner(v, [samples.pop(v, None)
+                                         or self._submit(0, behavior_version(self.config, v), v, t.batch_size)])
             if self.fault_hook is not None:
                 self.fault_hook(self)
-            if k >= 1 and v + 1 < t.steps:  # overlap: the next batch's weights (version ≤ v) already exist
-                samples[v + 1] = self._submit(0, max(0, v + 1 - k), v + 1, t.batch_size)
+            ahead = behavior_version(self.config, v + 1)
+            if v + 1 < t.steps and ahead <= v:  # overlap: the next batch's weights (version ≤ v) already exist
+                samples[v + 1] = self._submit(0, ahead, v + 1, t.batch_size)
                 if not (barrier_every and (v + 1) % barrier_every == 0):
                     self._submit_learner(v + 1, [samples.pop(v + 1)])
             metrics, weights_ref = self._learn(v)
@@ -356,8 +378,11 @@ class RayTrainer:
         if t.batch_size % chunk_size:
             raise ValueError(f"batch_size ({t.batch_size}) must be a multiple of chunk_size ({chunk_size})")
         self._eta = eta
+        self.warm_up_critic()
         if not self.evals:
             self._evaluate()
+        # chunks in flight when a checkpoint was written were lost with the process: sample them again
+        self.counters.episodes_started = self.counters.episodes_consumed
         chunks_per_batch = t.batch_size // chunk_size
         in_flight: collections.OrderedDict[int, dict] = collections.OrderedDict()  # chunk index → request
         done: dict[int, tuple[TrajectoryBatch, float]] = {}
@@ -399,7 +424,7 @@ class RayTrainer:
         return self.summary()
 
     def summary(self) -> RunSummary:
-        return summarise(self.evals, self.history, self.non_finite_step)
+        return summarise(self.evals, self.history, self.non_finite_step, self.warmup)
 
     def state_dict(self) -> dict:
         if self._inflight:
@@ -409,7 +434,8 @@ class RayTrainer:
                 "learner": self._get(self.learner.state_dict.remote(), "learner state"),
                 "versions": {v: unpack(ray.get(ref)) for v, ref in self.versions.items()},
                 "history": list(self.history), "evals": list(self.evals),
-                "counters": self.counters.__dict__.copy(), "non_finite_step": self.non_finite_step}
+                "counters": self.counters.__dict__.copy(), "non_finite_step": self.non_finite_step,
+                "warmup": list(self.warmup)}
 
     def load_state_dict(self, state: dict) -> None:
         if state["config"] != self.config.model_dump(mode="json"):
@@ -420,6 +446,7 @@ class RayTrainer:
         self.history, self.evals = list(state["history"]), list(state["evals"])
         self.counters = Counters(**state["counters"])
         self.non_finite_step = state["non_finite_step"]
+        self.warmup = list(state["warmup"])
 
     def shutdown(self) -> None:
         for actor in [self.learner, *self.workers]:

@@ -4,7 +4,9 @@ import torch
 
 from copc_core.corrections import no_correction, ratio_band_correction
 from copc_core.diagnostics import (
+    behavior_kl,
     effective_sample_size,
+    exact_kl,
     explained_variance,
     ratio_diagnostics,
     sequence_effective_sample_size,
@@ -39,7 +41,7 @@ def test_ratio_diagnostics_hand_values():
     rho = torch.tensor([[0.5, 1.0, 4.0, 7.0]], dtype=D)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=D)
     lr = torch.log(rho) * mask
-    corr = ratio_band_correction(lr, mask, 0.5, 2.0, True)
+    corr = ratio_band_correction(lr, mask, 0.5, 2.0, lr)
     d = ratio_diagnostics(lr, mask, corr)
     r = torch.tensor([0.5, 1.0, 4.0], dtype=D)
     torch.testing.assert_close(d["correction/chi2"], (r**2).mean() - 1, rtol=0, atol=1e-12)
@@ -83,3 +85,26 @@ def test_on_policy_diagnostics_are_trivial():
     for key, expected in (("correction/ess", 1.0), ("correction/ess_seq", 1.0), ("correction/chi2", 0.0),
                           ("correction/kl_k3", 0.0), ("correction/masked_frac", 0.0)):
         assert math.isclose(float(d[key]), expected, abs_tol=1e-12), key
+
+
+def test_exact_kl_hand_values_and_masking():
+    p = torch.log(torch.tensor([[[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]], dtype=D))
+    q = torch.log(torch.tensor([[[0.25, 0.75], [0.9, 0.1], [0.5, 0.5]]], dtype=D))
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=D)
+    # token 0: 0.5 ln 2 + 0.5 ln(2/3); token 1: 0; token 2 is an environment token
+    expected = (0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75)) / 2
+    torch.testing.assert_close(exact_kl(p, q, mask), torch.tensor(expected, dtype=D), rtol=0, atol=1e-15)
+    torch.testing.assert_close(exact_kl(p, p, torch.ones(1, 3, dtype=D)), torch.tensor(0.0, dtype=D), rtol=0, atol=0)
+
+
+def test_behavior_kl_per_token_and_per_sequence():
+    rho = torch.tensor([[2.0, 0.5, 9.0], [1.0, 4.0, 1.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=D)
+    lr = torch.log(rho) * mask
+    k3 = lambda r: r - 1 - math.log(r)  # noqa: E731
+    out = behavior_kl(lr, mask)
+    per_token = (k3(2) + k3(0.5) + k3(1) + k3(4) + k3(1)) / 5
+    per_sequence = ((k3(2) + k3(0.5)) + (k3(1) + k3(4) + k3(1))) / 2
+    torch.testing.assert_close(out["staleness/kl_behavior"], torch.tensor(per_token, dtype=D), rtol=0, atol=1e-14)
+    torch.testing.assert_close(out["staleness/kl_behavior_seq"], torch.tensor(per_sequence, dtype=D), rtol=0,
+                               atol=1e-14)

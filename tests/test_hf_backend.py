@@ -14,8 +14,10 @@ from copc_core.rollout import ToolEpisodes
 from copc_core.tasks import make_task
 from copc_core.tasks.base import TOOL_GRAMMAR_PROMPT
 from copc_core.tasks.tool_math import calculator
-from copc_core.trainer import Trainer, make_sampler, sampling_generator
-from copc_core.warmstart import build_model, warm_start
+from copc_core.backends import make_engine
+from copc_core.trainer import Trainer, sampling_generator
+from copc_core.backends import build_model
+from copc_core.warmstart import warm_start
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,7 +109,7 @@ def test_left_padding_changes_nothing(tiny_dir):
 def test_sampler_log_probs_equal_the_learner_recompute_on_policy(tiny_dir, hf_warm):
     """Left-padded prompts of different lengths, KV-cached sampling vs. one full forward: ρ = 1."""
     cfg = hf_config(tiny_dir)
-    sampler = make_sampler(cfg)
+    sampler = make_engine(cfg)
     sampler.load_weights(hf_warm, 0)
     problems = make_task(cfg.task).sample(16, 3)
     lengths = {len(sampler.codec.prompt_ids(p)) for p in problems}

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from copc_core.losses import clipped_value_loss, ppo_actor_loss
+from copc_core.losses import cispo_actor_loss, clipped_value_loss, ppo_actor_loss
 
 D = torch.float64
 
@@ -96,3 +96,48 @@ def test_value_loss_hand_derived_and_clipped():
     assert ret.grad is None  # no gradient through the critic target
     unclipped = clipped_value_loss(values, old, ret, mask, clip=None)
     torch.testing.assert_close(unclipped.loss, torch.tensor(0.5 * (1.0 + 4.0) / 2, dtype=D), rtol=0, atol=1e-12)
+
+
+def _grad(loss_fn, log_r, adv):
+    logp = torch.tensor([[log_r]], dtype=D, requires_grad=True)
+    loss = loss_fn(logp, torch.zeros(1, 1, dtype=D), one(adv), one(0.5), one(1.0), one(1.0)).loss
+    (grad,) = torch.autograd.grad(loss, logp)
+    return float(grad)
+
+
+@pytest.mark.parametrize("r,adv", [(1.5, 1.0), (1.1, 1.0), (0.5, -1.0), (0.7, 1.0), (1.5, -1.0)])
+def test_cispo_gradient_is_the_clipped_ratio_times_the_advantage(r, adv):
+    """∂L/∂log π = −w · clip(r, 1 − ε_lo, 1 + ε_hi) · Â: never 0, unlike PPO's clipped branch."""
+    import math
+    cispo = lambda *a: cispo_actor_loss(*a, 0.2, 0.2, False)  # noqa: E731
+    ppo = lambda *a: ppo_actor_loss(*a, 0.2, 0.2, None, False)  # noqa: E731
+    w, clipped = 0.5, min(max(r, 0.8), 1.2)
+    assert _grad(cispo, math.log(r), adv) == pytest.approx(-w * clipped * adv, rel=1e-12)
+    ppo_grad = _grad(ppo, math.log(r), adv)
+    if clipped * adv < r * adv:  # PPO's clip is active: its gradient vanishes, CISPO's does not
+        assert ppo_grad == 0.0
+    else:
+        assert ppo_grad == pytest.approx(-w * r * adv, rel=1e-12)
+
+
+def test_unclipped_surrogate_is_ppo_with_open_bounds():
+    """ε_lo = 1, ε_hi = ∞: clip(r, 0, ∞) = r, so the loss is −w·r·Â whatever r is."""
+    import math
+    for r, adv in ((3.0, 1.0), (0.1, -1.0), (1.0, 2.0)):
+        out = ppo_actor_loss(one(math.log(r)), one(0.0), one(adv), one(0.5), one(1.0), one(1.0), 1.0, math.inf, None,
+                             False)
+        torch.testing.assert_close(out.loss, torch.tensor(-0.5 * r * adv, dtype=D), rtol=1e-12, atol=0)
+        assert out.clipfrac == 0
+
+
+def test_cispo_inert_at_dropped_and_environment_positions():
+    logp = torch.tensor([[0.1, float("-inf"), float("nan")]], requires_grad=True)
+    anchor = torch.tensor([[0.0, 0.0, float("inf")]])
+    adv = torch.tensor([[1.0, 5.0, 5.0]])
+    keep = torch.tensor([[1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    out = cispo_actor_loss(logp, anchor, adv, keep, keep, mask, 1.0, 4.0, False)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert grad[0, 1] == 0 and grad[0, 2] == 0
+    assert float(grad[0, 0]) == pytest.approx(-float(torch.exp(torch.tensor(0.1))) / 2, rel=1e-6)  # N = Σ mask = 2

@@ -50,6 +50,52 @@ def test_controlled_lag_matches_the_in_process_trainer(tiny_warm_state, k):
     assert max(rt.counters.lag_histogram) == k
 
 
+def test_uniform_lag_and_critic_warmup_match_the_in_process_trainer(tiny_warm_state):
+    """The behaviour version of each step, the warm-up batches and the value-only updates are the in-process
+    trainer's, float for float; warm-up spends no version."""
+    from copc_core.config import with_overrides
+
+    cfg = with_overrides(tiny_config(method="copc", staleness=2, steps=5),
+                         {"train.lag": "uniform", "train.critic_warmup_steps": 2, "model.separate_critic": True})
+    warm = {**tiny_warm_state, **_critic_trunk(cfg)}
+    reference = in_process(cfg, warm)
+    rt = RayTrainer(cfg, warm, HALF)
+    try:
+        rt.run()
+    finally:
+        rt.shutdown()
+    assert rt.warmup == reference.warmup and len(rt.warmup) == 2
+    assert strip_times(rt.history) == strip_times(reference.history)
+    assert rt.evals == reference.evals
+    assert [h["staleness/mean"] for h in rt.history] == [h["staleness/mean"] for h in reference.history]
+
+
+def _critic_trunk(cfg):
+    """The initial critic trunk of a separate-critic model (the SFT warm start trains the policy only)."""
+    from copc_core.backends import build_model
+
+    return {k: v for k, v in build_model(cfg, cfg.warm_start.seed).state_dict().items() if k.startswith("critic_trunk")}
+
+
+def test_bounded_staleness_through_the_front_door(tiny_warm_state, tmp_path):
+    """`train.eta` in the config runs the free-running schedule from train_on_ray, with its files."""
+    import json
+
+    from copc_core.config import with_overrides
+    from infra.local_run import train_on_ray
+
+    cfg = with_overrides(tiny_config(method="copc", steps=4),
+                         {"train.eta": 1, "train.eta_chunk": 8, "resources.rollout_cpus": 0.5,
+                          "resources.learner_cpus": 0.5, "resources.timeout_s": 120})
+    summary = train_on_ray(cfg, tmp_path / "run", tmp_path / "cache", checkpoint_every=2)
+    assert summary.steps_completed == 4 and summary.staleness_max <= 1
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["steps_completed"] == 4
+    # rerun: resumes from the final checkpoint, nothing left to do, same summary
+    again = train_on_ray(cfg, tmp_path / "run", tmp_path / "cache", checkpoint_every=2)
+    assert again.steps_completed == 4 and again.final_accuracy == summary.final_accuracy
+
+
 def test_a_killed_rollout_actor_is_replaced_and_nothing_is_lost_or_doubled(tiny_warm_state):
     cfg = tiny_config(method="copc", staleness=1, steps=5)
     clean = RayTrainer(cfg, tiny_warm_state, HALF)

@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
+from copc_core.config import with_overrides
 from copc_core.stability import area_under_curve, collapse_step, drops, spikes
-from copc_core.trainer import Trainer
+from copc_core.trainer import BoundedStalenessNeedsRayError, Trainer, behavior_version
 from tests.conftest import tiny_config
 
 TIMING = ("time/",)
@@ -95,6 +96,71 @@ def test_non_finite_update_stops_the_run_and_is_reported(tiny_warm_state, monkey
     assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
 
 
+def test_uniform_lag_draws_each_batchs_lag_from_0_to_k(tiny_warm_state):
+    cfg = with_overrides(tiny_config(method="copc", staleness=3, steps=40), {"train.lag": "uniform"})
+    versions = [behavior_version(cfg, v) for v in range(40)]
+    lags = [v - b for v, b in enumerate(versions)]
+    assert all(0 <= lag <= min(v, 3) for v, lag in enumerate(lags))
+    assert set(lags[3:]) == {0, 1, 2, 3}  # every lag of {0..k} occurs
+    assert versions == [behavior_version(cfg, v) for v in range(40)]  # seeded: the same draw every time
+    other_seed = with_overrides(cfg, {"train.seed": 1})
+    assert [behavior_version(other_seed, v) for v in range(40)] != versions
+    exact = tiny_config(method="copc", staleness=3, steps=40)
+    assert [behavior_version(exact, v) for v in range(40)] == [max(0, v - 3) for v in range(40)]
+    tr = Trainer(with_overrides(cfg, {"train.steps": 6}), tiny_warm_state)
+    tr.run()
+    assert [h["staleness/mean"] for h in tr.history] == [float(lag) for lag in lags[:6]]
+
+
+def test_bounded_staleness_is_refused_in_process_by_name(tiny_warm_state):
+    cfg = with_overrides(tiny_config(steps=2), {"train.eta": 2, "train.eta_chunk": 8})
+    with pytest.raises(BoundedStalenessNeedsRayError, match="Ray runtime"):
+        Trainer(cfg, tiny_warm_state)
+    with pytest.raises(ValueError, match="two schedules"):
+        with_overrides(tiny_config(staleness=2), {"train.eta": 2})
+
+
+def test_critic_warmup_runs_once_and_resumes(tiny_warm_state):
+    cfg = with_overrides(tiny_config(method="copc", staleness=1, steps=3), {"train.critic_warmup_steps": 3})
+    straight = Trainer(cfg, tiny_warm_state)
+    policy = {k: v.clone() for k, v in straight.model.state_dict().items() if not k.startswith("value_head")}
+    calls = []
+    assert straight.warm_up_critic(lambda i, n, record: calls.append((i, n)))
+    assert calls == [(1, 3), (2, 3), (3, 3)] and straight.learner.version == 0 and straight.step == 0
+    assert all(torch.equal(policy[k], v) for k, v in straight.model.state_dict().items() if k in policy)
+    assert not straight.warm_up_critic()  # done: nothing more
+    s = straight.run()
+    assert s.critic_warmup_explained_var == straight.warmup[-1]["critic/explained_var"]
+    assert s.critic_explained_var_first == straight.history[0]["critic/explained_var"]
+    # interrupted in the middle of the warm-up: the resumed run takes the remaining step and agrees
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt_after_two(i, n, record):
+        if i == 2:
+            raise Interrupted
+
+    partial = Trainer(cfg, tiny_warm_state)
+    with pytest.raises(Interrupted):
+        partial.warm_up_critic(interrupt_after_two)
+    assert partial.learner.critic_warmup_steps == 2 and len(partial.warmup) == 2
+    resumed = Trainer(cfg, tiny_warm_state)
+    resumed.load_state_dict(partial.state_dict())
+    resumed.run()
+    assert strip_times(resumed.history) == strip_times(straight.history)
+    assert resumed.warmup == straight.warmup and resumed.evals == straight.evals
+
+
+def test_training_reward_collapse_is_reported_beside_the_held_out_one(tiny_warm_state):
+    tr = Trainer(tiny_config(steps=4), tiny_warm_state)
+    s = tr.run()
+    rewards = [h["reward/mean"] for h in tr.history]
+    assert s.collapse_step_train == collapse_step([int(h["step"]) for h in tr.history], rewards)
+    assert s.kl_step_mean == pytest.approx(sum(h["policy/kl_step"] for h in tr.history) / 4)
+    assert s.staleness_updates_mean == 0.0
+
+
 # ---- stability rules ----
 
 def test_collapse_rule():
@@ -111,3 +177,21 @@ def test_warnings_and_auc():
     assert spikes([1, 1, 1, 1, 1, 5, 1], 5.0) == []
     assert drops([1, 1, 1, 1, 1, 0.4, 1], 0.5) == [5]
     assert area_under_curve([0, 10, 30], [0.0, 1.0, 1.0]) == pytest.approx((5 + 20) / 30)
+
+
+def test_critic_layouts_share_the_warm_started_policy():
+    """The SFT warm start trains the policy only: its weights do not depend on the critic's layout; with
+    critic_init "policy" the separate critic trunk starts as a copy of the warm-started policy trunk."""
+    from copc_core.warmstart import warm_start
+
+    shared = warm_start(tiny_config())
+    separate = warm_start(with_overrides(tiny_config(), {"model.separate_critic": True}))
+    copied = warm_start(with_overrides(tiny_config(), {"model.separate_critic": True, "model.critic_init": "policy"}))
+    for name, value in shared.items():
+        if not name.startswith("value_head"):
+            assert torch.equal(value, separate[name]) and torch.equal(value, copied[name]), name
+    trunk = {k[len("trunk."):]: v for k, v in shared.items() if k.startswith("trunk.")}
+    assert all(torch.equal(copied[f"critic_trunk.{k}"], v) for k, v in trunk.items())
+    assert not all(torch.equal(separate[f"critic_trunk.{k}"], v) for k, v in trunk.items())
+    with pytest.raises(ValueError, match="separate_critic"):
+        with_overrides(tiny_config(), {"model.critic_init": "policy"})

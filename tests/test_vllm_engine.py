@@ -81,11 +81,12 @@ def gpu_setup(tmp_path_factory):
 def test_vllm_samples_tool_episodes_with_the_learners_log_probs(gpu_setup):
     from copc_core.learner import response_logprobs
     from copc_core.tasks import make_task
-    from copc_core.trainer import make_sampler, sampling_generator
-    from copc_core.warmstart import build_model
+    from copc_core.backends import make_engine
+    from copc_core.trainer import sampling_generator
+    from copc_core.backends import build_model
 
     cfg, warm = gpu_setup
-    engine = make_sampler(cfg)
+    engine = make_engine(cfg)
     engine.load_weights(warm, 5)
     batch = engine.sample(make_task(cfg.task).sample(16, 0), None, sampling_generator(0, 0))
     assert torch.all(batch.version == 5) and (batch.mask == 0).any() and (batch.mask.sum(1) > 0).all()
@@ -99,10 +100,10 @@ def test_vllm_samples_tool_episodes_with_the_learners_log_probs(gpu_setup):
 
 @pytest.mark.gpu
 def test_vllm_weight_sync_has_a_timeout(gpu_setup):
-    from copc_core.trainer import make_sampler
+    from copc_core.backends import make_engine
 
     cfg, warm = gpu_setup
-    engine = make_sampler(cfg)
+    engine = make_engine(cfg)
     engine.sync_timeout_s = 1e-4
     with pytest.raises(WeightSyncTimeout, match="version 9"):
         engine.load_weights(warm, 9)

@@ -8,9 +8,10 @@ critic error).
 
 For one trajectory y ~ μ the learner's actor update at θ = θ_old is ĝ(y) = Σ_t w_t Â_t ∇log π(y_t),
 with Â the method's advantage estimator and w_t the weight its actor loss puts on token t, both
-computed by the learner's own functions (`behavior_log_ratio`, `correct_policy`,
-`estimate_advantages`, `ppo_actor_loss`; w_t = −N ∂L/∂log π_t at Â = ±1 by autograd, so PPO's clip,
-the ratio mask, the anchor and the denominator are whatever the preset says). With ρ*_t =
+computed by the learner's own functions (`policy_terms`, `estimate_advantages`, `actor_loss`;
+w_t = −N ∂L/∂log π_t at Â = ±1 by autograd, so PPO's clip, the ratio mask, the anchor, the loss and
+the denominator are whatever the preset says; the MDP has no versions, so the interpolated
+anchor's staleness rule reads one version of lag, α = 1/2). With ρ*_t =
 Π_{u≤t} π(y_u|·)/μ(y_u|·) the exact density ratio of (s_t, a_t), Δw = w − ρ* and Δa = Â − A^π:
 
     E_μ[ĝ] − g* = E_μ[Σ_t ρ*·Δa·∇]  +  E_μ[Σ_t Δw·A^π·∇]  +  E_μ[Σ_t Δw·Δa·∇]
@@ -18,7 +19,9 @@ the ratio mask, the anchor and the denominator are whatever the preset says). Wi
 
 since E_μ[Σ_t ρ*·A^π·∇] = g* exactly. Variances: tr Cov_μ(ĝ), and the amplification term
 E_μ[Σ_t w_t²·Var_μ(Â_t | y_≤t)·‖∇log π(y_t)‖²]. Not modelled: advantage whitening (a batch
-statistic) and, for M2PO, the batch the mask is computed on is the enumerated set (not a μ-sample).
+statistic), step-size rules (VCPO's √(ESS/N) scales the whole update, not a token's weight) and,
+for M2PO and the sequence-level rules, the batch the statistic is computed on is the enumerated set
+(not a μ-sample).
 Everything is float64.
 """
 
@@ -34,9 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from torch import Tensor
 
 from copc_core.config import MethodConfig
-from copc_core.corrections import behavior_log_ratio
-from copc_core.losses import ppo_actor_loss
-from copc_core.methods import correct_policy, estimate_advantages
+from copc_core.methods import actor_loss, estimate_advantages, policy_terms
 
 DTYPE = torch.float64
 
@@ -157,20 +158,20 @@ def updates(mdp: TokenMDP, method: MethodConfig, staleness: float, critic_error:
     mask = torch.ones(B, H, dtype=DTYPE)
     rewards = torch.zeros(B, H, dtype=DTYPE)
     rewards[:, -1] = mdp.reward[mdp.trajectory_index(tokens)]
-    log_ratio = behavior_log_ratio(logp, logp_mu, mask)
-    correction = correct_policy(spec.policy, log_ratio, mask)
+    # no versions here: the interpolated anchor's staleness rule reads a lag of one version (α = 1/2)
+    terms = policy_terms(spec.policy, logp, logp_mu, mask, torch.ones(B, H, dtype=torch.long))
+    log_ratio, correction = terms.log_ratio, terms.correction
     estimate = estimate_advantages(spec.advantage, rewards, critic, mask, log_ratio, method.gamma, method.lam)
     adv = estimate.output.advantages
 
-    anchor = logp_mu if spec.policy.anchor == "behavior" else logp.detach()
     by_kept = spec.policy.loss_denominator == "kept"
     denominator = (correction.keep.sum() if by_kept else mask.sum()).clamp(min=1)
 
     def coefficient(advantages: Tensor) -> Tensor:
         """−N ∂L/∂log π_t: the factor on ∇log π(y_t) in the learner's first actor step."""
         lp = logp.detach().clone().requires_grad_(True)
-        loss = ppo_actor_loss(lp, anchor, advantages, correction.weight, correction.keep, mask, method.clip_low,
-                              method.clip_high, method.dual_clip, by_kept).loss
+        loss = actor_loss(spec.policy, lp, terms.anchor, advantages, correction, mask, method.clip_low,
+                          method.clip_high, method.dual_clip).loss
         (grad,) = torch.autograd.grad(loss, lp)
         return -denominator * grad
 
