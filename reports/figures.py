@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 DIAGNOSTICS = [("correction/ess", "ESS (token)"), ("correction/masked_frac", "masked fraction"),
                ("correction/trace_clip_frac", "trace-clip fraction"), ("actor/grad_norm", "grad norm"),
+               ("policy/kl_step", "KL(π_v ‖ π_v+1) per token"), ("critic/explained_var", "critic explained variance"),
                ("staleness/mean", "realised staleness")]
 _PALETTE = qualitative.Plotly + qualitative.D3
 
@@ -124,12 +125,16 @@ def region_bars(region: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eval/accuracy") -> go.Figure:
-    """Held-out accuracy per run over training, one panel per staleness level, ✕ at the collapse step."""
+def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eval/accuracy",
+                    train_metric: str = "reward/mean") -> go.Figure:
+    """Held-out accuracy per run over training (lines with markers at the evaluations), the training
+    reward of every step beside it (dotted, same colour), one panel per staleness level, ✕ at the
+    collapse step. The dotted line shows rise-and-fall episodes shorter than the evaluation interval."""
     ks = sorted(runs["staleness"].unique())
     fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
     colors = _colors(list(zip(runs["tau_policy"], runs["tau_advantage"])))
     data = curves[curves["metric"] == metric]
+    train = curves[curves["metric"] == train_metric]
     for col, k in enumerate(ks, start=1):
         for r in runs[runs["staleness"] == k].itertuples():
             pts = data[data["run_id"] == r.run_id].sort_values("step")
@@ -137,9 +142,17 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eva
                 continue
             name = html.escape(r.run_name)
             color = colors[(r.tau_policy, r.tau_advantage)]
-            fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines", name=name,
-                                     legendgroup=name, line={"color": color, "width": 1.5},
-                                     hovertemplate=f"{name}<br>step %{{x}}: %{{y:.3f}}<extra></extra>"), row=1, col=col)
+            fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines+markers", name=name,
+                                     legendgroup=name, line={"color": color, "width": 1.5}, marker={"size": 4},
+                                     hovertemplate=f"{name}<br>held-out, step %{{x}}: %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
+            steps = train[train["run_id"] == r.run_id].sort_values("step")
+            if not steps.empty:
+                fig.add_trace(go.Scatter(x=steps["step"].tolist(), y=steps["value"].tolist(), mode="lines",
+                                         name=f"{name} (training reward)", legendgroup=name, showlegend=False,
+                                         line={"color": color, "width": 1, "dash": "dot"},
+                                         hovertemplate=f"{name}<br>training reward, step %{{x}}: %{{y:.3f}}"
+                                                       "<extra></extra>"), row=1, col=col)
             if r.collapsed and not math.isnan(r.collapse_step):
                 at = pts.iloc[(pts["step"] - r.collapse_step).abs().argmin()]
                 fig.add_trace(go.Scatter(x=[int(at["step"])], y=[float(at["value"])], mode="markers", showlegend=False,
@@ -148,8 +161,9 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eva
                                                        f"({html.escape(r.collapse_reason)})<extra></extra>"),
                               row=1, col=col)
         fig.update_xaxes(title_text="learner step", row=1, col=col)
-    fig.update_yaxes(title_text="held-out accuracy", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title="Learning curves (✕ = collapse)", height=420, margin={"t": 80})
+    fig.update_yaxes(title_text="held-out accuracy · training reward (dotted)", range=[0, 1.02], row=1, col=1)
+    fig.update_layout(title="Learning curves: held-out accuracy (solid), training reward of every step (dotted); "
+                            "✕ = collapse", height=420, margin={"t": 80})
     return fig
 
 

@@ -14,12 +14,14 @@ import pandas as pd
 from reports import schema
 
 # per-step metrics the report plots (learner/trainer keys, docs/ALGORITHMS.md §5)
-HISTORY_KEYS = ["eval/accuracy", "correction/ess", "correction/masked_frac", "correction/trace_clip_frac",
-                "actor/grad_norm", "staleness/mean", "time/step_s", "time/rollout_s", "time/train_s"]
+HISTORY_KEYS = ["eval/accuracy", "reward/mean", "correction/ess", "correction/masked_frac",
+                "correction/trace_clip_frac", "actor/grad_norm", "policy/kl_step", "critic/explained_var",
+                "staleness/mean", "time/step_s", "time/rollout_s", "time/train_s"]
 
 _SUMMARY = ["objective", "final_accuracy", "peak_accuracy", "auc_accuracy", "warm_start_accuracy",
-            "collapse_step", "ess_drop_count", "grad_spike_count", "mean_step_s", "mean_rollout_s",
-            "mean_train_s", "staleness_mean", "staleness_max"]
+            "collapse_step", "collapse_step_train", "ess_drop_count", "grad_spike_count", "mean_step_s",
+            "mean_rollout_s", "mean_train_s", "staleness_mean", "staleness_max", "staleness_updates_mean",
+            "kl_step_mean", "critic_explained_var_first", "critic_warmup_explained_var"]
 
 
 def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:

@@ -150,6 +150,10 @@ def render(data: ReportData) -> str:
         "methods")]
     if not curves.empty:
         parts += ["<h2>Learning curves</h2>", figure_div(figures.learning_curves(runs, curves), "curves"),
+                  '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
+                  "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
+                  "rule on the training reward of every step gives the \"train collapse\" column: it sees falls "
+                  "between two evaluations that the held-out rule cannot.</p>",
                   "<h2>Stability diagnostics</h2>", figure_div(figures.diagnostics(runs, curves), "diagnostics")]
     parts += ["<h2>Step time</h2>", table(times, [
         ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
@@ -169,6 +173,11 @@ def render(data: ReportData) -> str:
         ("objective", "objective", None), ("final_accuracy", "final", None), ("peak_accuracy", "peak", None),
         ("collapsed", "collapse", lambda r: (f'<span class="bad">step {num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
                                              if r["collapsed"] else "—")),
+        ("collapse_step_train", "train collapse", lambda r: num(r["collapse_step_train"], 0)),
+        ("critic_warmup_explained_var", "critic EV after warm-up", None),
+        ("critic_explained_var_first", "critic EV at step 1", None), ("kl_step_mean", "KL per step",
+                                                                  lambda r: "—" if math.isnan(r["kl_step_mean"])
+                                                                  else f"{r['kl_step_mean']:.2g}"),
         ("ess_drop_count", "ESS drops", None), ("grad_spike_count", "grad spikes", None),
         ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]
     return page(data.title, parts)

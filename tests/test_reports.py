@@ -33,6 +33,13 @@ def test_runs_frame_parses_params_metrics_and_failures():
     assert a.scored and a.collapsed and a.collapse_step == 30.0 and a.objective == 0.7 and a.final_accuracy == 1.2
     assert a.url == f"{UI}/#/experiments/7/runs/a"
     assert not b.scored and math.isnan(b.objective) and b.fail_reason == "RuntimeError: boom" and b.collapse_reason == "not run"
+    assert math.isnan(a.critic_explained_var_first) and math.isnan(a.collapse_step_train)  # not logged: not invented
+    records[0]["metrics"] |= {"summary/critic_explained_var_first": 0.41, "summary/critic_warmup_explained_var": 0.5,
+                              "summary/collapse_step_train": 12.0, "summary/kl_step_mean": 2e-3,
+                              "summary/staleness_updates_mean": 16.0}
+    a = frame(records).set_index("run_id").loc["a"]
+    assert (a.critic_explained_var_first, a.critic_warmup_explained_var, a.collapse_step_train, a.kl_step_mean,
+            a.staleness_updates_mean) == (0.41, 0.5, 12.0, 2e-3, 16.0)
 
 
 def test_curves_frame_is_long_and_typed():
@@ -194,17 +201,24 @@ def test_interaction_lines_one_line_per_tau_a_with_bootstrap_bars():
 
 
 def test_learning_curves_mark_collapse_and_escape_names():
-    hist = {"eval/accuracy": curve([0, 10, 20, 30], [0.3, 0.6, 0.2, 0.1])}
+    reward = curve([1, 2, 3, 4, 5], [0.3, 0.5, 0.6, 0.1, 0.0])
+    hist = {"eval/accuracy": curve([0, 10, 20, 30], [0.3, 0.6, 0.2, 0.1]), "reward/mean": reward}
     runs = frame([trial("a", 2, 1, 4, 0, 0.1, collapsed=True, collapse_step=20, history=hist, run_name="<b>x</b>"),
                   trial("b", 2, 2, 4, 0, 0.6, history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
     curves = curves_frame([trial("a", 2, 1, 4, 0, 0.1, history=hist), trial("b", 2, 2, 4, 0, 0.6,
                                                                          history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
     fig = figures.learning_curves(runs, curves)
-    lines = [t for t in fig.data if t.mode == "lines"]
+    held_out = [t for t in fig.data if t.mode == "lines+markers"]
+    training = [t for t in fig.data if t.mode == "lines"]
     markers = [t for t in fig.data if t.mode == "markers"]
-    assert len(lines) == 2 and len(markers) == 1
+    assert len(held_out) == 2 and len(markers) == 1
     assert list(markers[0].x) == [20] and list(markers[0].y) == [0.2]
-    assert lines[0].name == "&lt;b&gt;x&lt;/b&gt;"
+    assert held_out[0].name == "&lt;b&gt;x&lt;/b&gt;"
+    # the training reward of every step, dotted, in the run's colour and legend group (run b has none)
+    assert len(training) == 1 and list(training[0].x) == [1, 2, 3, 4, 5]
+    assert list(training[0].y) == [v for _, v in reward]
+    assert training[0].line.dash == "dot" and training[0].line.color == held_out[0].line.color
+    assert training[0].legendgroup == held_out[0].legendgroup
 
 
 def test_diagnostics_figure_has_one_panel_row_per_metric():
