@@ -49,7 +49,7 @@ def main() -> None:
         return Learner(model, cfg, torch.Generator().manual_seed(1))
 
     contenders = {f"kl_step_rows={n}": (learner({"train.kl_step_rows": n}), "step") for n in args.rows}
-    contenders["separate critic (kl rows 16)"] = (learner({"model.separate_critic": True}), "step")
+    contenders["separate critic (kl rows 8)"] = (learner({"model.separate_critic": True}), "step")
     contenders["critic warm-up step (shared)"] = (learner({}), "warm_up_critic")
     contenders["critic warm-up step (separate)"] = (learner({"model.separate_critic": True}), "warm_up_critic")
     seconds: dict[str, list[float]] = {name: [] for name in contenders}

@@ -221,7 +221,7 @@ class TrainConfig(BaseModel):
                                                              "runtime); None: controlled lag")
     eta_chunk: int = Field(16, ge=1, description="episodes per free-running sampling request (bounded staleness)")
     eval_every: int = Field(5, ge=1)
-    kl_step_rows: int = Field(16, ge=0, description="episodes of each batch on which policy/kl_step is measured "
+    kl_step_rows: int = Field(8, ge=0, description="episodes of each batch on which policy/kl_step is measured "
                                                     "(0: off)")
     seed: int = 0
     torch_threads: int = Field(1, ge=1)

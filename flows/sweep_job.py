@@ -50,14 +50,15 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
 
         def done(i: int, result) -> None:  # track in MLflow, then tell Optuna: as each trial ends
             p = params_list[i]
-            run_name = f"{space.method} tp={p['tau_policy']:g} ta={p['tau_advantage']:g} k={p['staleness']} s={p['seed']}"
+            lag = "k" if space.schedule == "lag" else "eta"
+            run_name = f"{space.method} tp={p['tau_policy']:g} ta={p['tau_advantage']:g} {lag}={p['staleness']} s={p['seed']}"
             if isinstance(result, BaseException):
                 tracker.log_failed_trial(parent, name, run_name, f"{type(result).__name__}: {result}", configs[i])
             else:
                 score = objective_value(result["summary"], space.objective, space.collapse_penalty)
                 result["mlflow_run_id"] = tracker.log_trial(parent, name, run_name, configs[i], result["summary"],
                                                             result["history"], result["evals"], score,
-                                                            runtime="inprocess (one Ray task per trial)")
+                                                            runtime=result["runtime"])
                 bar.set_postfix(last=f"k={p['staleness']} acc={result['summary']['final_accuracy']:.2f}")
             on_result(i, result)
             bar.update(1)
@@ -81,8 +82,9 @@ def grid_table(study, space: SweepSpace) -> str:
         if t.state.name == "COMPLETE":
             cells.setdefault((t.params["staleness"], t.params["tau_policy"], t.params["tau_advantage"]), []).append(t.value)
     lines = [f"objective = {space.objective} accuracy − {space.collapse_penalty} if collapsed (mean over seeds)"]
+    level = "k" if space.schedule == "lag" else "η"
     for k in space.staleness:
-        lines.append(f"k = {k}:   τ_a → " + "  ".join(f"{ta:>6g}" for ta in space.tau_advantage))
+        lines.append(f"{level} = {k}:   τ_a → " + "  ".join(f"{ta:>6g}" for ta in space.tau_advantage))
         for tp in space.tau_policy:
             vals = [cells.get((k, tp, ta)) for ta in space.tau_advantage]
             lines.append(f"   τ_p = {tp:<6g}    " + "  ".join(f"{sum(v) / len(v):6.2f}" if v else "     —" for v in vals))

@@ -1,7 +1,8 @@
 """Tidy pandas frames from trial records (the plain data `infra.tracking.read_sweeps` returns).
 
 `runs_frame`: one row per trial run (schema `RUNS`); `curves_frame`: one row per (run, metric,
-step) (schema `CURVES`). Both are validated against reports/schema.py.
+step) (schema `CURVES`). Both are validated against reports/schema.py. A bounded-staleness run
+(`train.eta` set) reads as method "<name> (bounded η)" with η in the staleness column.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
     for t in trials:
         p, m, tags = t["params"], t["metrics"], t["tags"]
         objective = m.get("summary/objective", math.nan)
+        method = p.get("method.name", tags.get("method", "?"))
+        bounded = p.get("train.eta", "None") != "None"  # the staleness level is the bound η, not a lag k
         rows.append({
             "run_id": t["run_id"], "run_name": t["run_name"], "sweep": t["sweep"], "status": t["status"],
-            "method": p.get("method.name", tags.get("method", "?")), "runtime": tags.get("runtime", "?"),
+            "method": f"{method} (bounded η)" if bounded else method, "runtime": tags.get("runtime", "?"),
             "tau_policy": _float(p.get("method.tau_policy")), "tau_advantage": _float(p.get("method.tau_advantage")),
-            "staleness": _int(p.get("train.staleness")), "seed": _int(p.get("train.seed")),
+            "staleness": _int(p.get("train.eta" if bounded else "train.staleness")), "seed": _int(p.get("train.seed")),
             "scored": bool(math.isfinite(objective)),
             "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
             "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",

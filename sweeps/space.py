@@ -18,7 +18,11 @@ Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no c
 
 
 class SweepSpace(BaseModel):
-    """A joint grid over (τ_p, τ_a) × staleness k × seed for one method, and how to score a run."""
+    """A joint grid over (τ_p, τ_a) × staleness × seed for one method, and how to score a run.
+
+    Staleness is a controlled lag k (`schedule: lag`) or a bound η on free-running sampling
+    (`schedule: bounded`, whose trials run on the Ray runtime, one at a time).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
@@ -26,6 +30,9 @@ class SweepSpace(BaseModel):
     tau_policy: list[Band] = Field(default_factory=lambda: [1.5, 2.0, 4.0], min_length=1)
     tau_advantage: list[Band] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
     staleness: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=lambda: [0, 4], min_length=1)
+    schedule: Literal["lag", "bounded"] = Field("lag", description="lag: staleness values are controlled lags k; "
+                                                                   "bounded: they are staleness bounds η (free-"
+                                                                   "running sampling on the Ray runtime)")
     seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     steps: int = Field(60, ge=1)
     objective: Literal["final", "peak", "auc"] = "final"
@@ -53,7 +60,8 @@ class SweepSpace(BaseModel):
                 "seed": self.seeds}
 
     def run_config(self, base: RunConfig, params: dict[str, Any]) -> RunConfig:
-        overrides = {PARAM_FIELDS[k]: v for k, v in params.items()}
+        fields = PARAM_FIELDS if self.schedule == "lag" else {**PARAM_FIELDS, "staleness": "train.eta"}
+        overrides = {fields[k]: v for k, v in params.items()}
         return with_overrides(base, {"method.name": self.method, "train.steps": self.steps, **overrides})
 
 

@@ -109,6 +109,34 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
         read_sweeps(tracking, ["nope"], [])
 
 
+def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state):
+    """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
+    own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
+    from copc_core.warmstart import warm_start_key
+    from flows.sweep_job import grid_table, run_sweep
+    from infra.checkpoints import save_checkpoint
+    from infra.tracking import read_sweeps
+    from reports.frames import HISTORY_KEYS, runs_frame
+
+    base = tiny_config()
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    space = tiny_space(schedule="bounded", tau_advantage=[2.0], staleness=[0, 2], steps=3)
+    assert space.run_config(base, space.grid()[1]).train.eta == 2
+    assert space.run_config(base, space.grid()[1]).train.staleness == 0
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
+    assert [o["state"] for o in result["outcomes"]] == ["COMPLETE", "COMPLETE"]
+    for outcome in result["outcomes"]:
+        eta = outcome["params"]["staleness"]
+        assert outcome["runtime"] == "ray (bounded staleness)"
+        assert outcome["summary"]["staleness_max"] <= eta and outcome["summary"]["steps_completed"] == 3
+    found = read_sweeps(tracking, ["b"], HISTORY_KEYS)
+    runs = runs_frame(found["trials"], found["experiment_id"], "http://ui")
+    assert set(runs["method"]) == {"copc (bounded η)"} and sorted(runs["staleness"]) == [0, 2]
+    assert set(runs["runtime"]) == {"ray (bounded staleness)"}
+    assert "η = 2" in grid_table(result["study"], space)
+
+
 def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state):
     import os
     import signal
