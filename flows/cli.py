@@ -171,12 +171,17 @@ def train(
         bar.set_postfix(acc=f"{last['eval/accuracy']:.2f}", reward=f"{metrics['reward/mean']:.2f}",
                         ess=f"{metrics['correction/ess']:.2f}")
 
-    if runtime == "ray" or ray_address:
-        summary = train_on_ray(cfg, run_dir, root / "cache", ray_address, resume=resume, on_step=on_step,
-                               on_warm_start=on_warm)
-    else:
-        summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step,
-                                   on_warm_start=on_warm, on_critic_warmup=on_critic_warmup)
+    from infra.checkpoints import CheckpointError
+
+    try:
+        if runtime == "ray" or ray_address:
+            summary = train_on_ray(cfg, run_dir, root / "cache", ray_address, resume=resume, on_step=on_step,
+                                   on_warm_start=on_warm)
+        else:
+            summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step,
+                                       on_warm_start=on_warm, on_critic_warmup=on_critic_warmup)
+    except CheckpointError as err:
+        _fail(str(err))
     if bar is not None:
         bar.close()
     typer.echo(json.dumps(summary.model_dump(), indent=2))

@@ -29,6 +29,11 @@ def copc(*args, data_dir, timeout=300, **extra_env):
     (["--device", "tpu"], "model.device"),
     (["--rollout-workers", "0"], "resources.rollout_workers"),
     (["--preset", "scale-out-qwen2.5-0.5b"], "needs a GPU machine"),
+    (["--anchor", "proximal"], "method.anchor"),
+    (["--lag", "sometimes"], "train.lag"),
+    (["--eta", "2", "--staleness", "4"], "two schedules"),
+    (["--eta", "-1"], "train.eta"),
+    (["--critic-warmup-steps", "-3"], "train.critic_warmup_steps"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
     out = copc("train", *args, data_dir=tmp_path)
@@ -53,9 +58,58 @@ def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text()) == summary
 
 
+def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it(tmp_path):
+    from infra.checkpoints import previous_path
+
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=12).model_dump_json())  # checkpoints at 10, 12
+    run_dir = tmp_path / "run"
+    assert copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path).returncode == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    checkpoint = run_dir / "checkpoint.pt"
+    data = bytearray(checkpoint.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # 4 KB zeroed inside the file
+    checkpoint.write_bytes(bytes(data))
+    again = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "unusable" in again.stderr and "previous one" in again.stderr
+    timeless = lambda d: {k: v for k, v in d.items() if not k.startswith("mean_") or not k.endswith("_s")}  # noqa: E731
+    # the same run, steps 11 and 12 taken again from the step-10 checkpoint
+    assert timeless(json.loads((run_dir / "summary.json").read_text())) == timeless(summary)
+    for path in (checkpoint, previous_path(checkpoint)):
+        path.write_bytes(b"")
+    broken = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path)
+    assert broken.returncode == 2 and str(checkpoint) in broken.stderr and "Traceback" not in broken.stderr
+
+
 def test_methods_lists_the_registry(tmp_path):
+    from copc_core.methods import METHODS, describe, method_spec
+
     out = copc("methods", data_dir=tmp_path)
-    assert out.returncode == 0 and "copc_advantage_only" in out.stdout and "vtrace" in out.stdout
+    assert out.returncode == 0
+    for name, row in METHODS.items():  # every row: what it runs (anchor, rule, loss, estimator) and its source
+        assert f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}" in out.stdout
+        assert f"source: {row.source}" in out.stdout
+    assert "anchor recomputed; ρ ∈ [0.5, 2]" in out.stdout  # copc at its default band
+    for reading in ("behavior", "recomputed", "interpolated"):
+        assert f"    {reading} " in out.stdout
+
+
+def test_train_flags_reach_the_config(tmp_path):
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
+    run_dir = tmp_path / "run"
+    out = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), "--anchor", "interpolated", "--lag",
+               "uniform", "--separate-critic", "--critic-warmup-steps", "2", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["method"]["anchor"] == "interpolated" and config["train"]["lag"] == "uniform"
+    assert config["model"]["separate_critic"] and config["train"]["critic_warmup_steps"] == 2
+    assert "critic warm-up" in out.stderr  # its progress bar
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = json.loads((run_dir / "history.json").read_text())
+    assert len(history["critic_warmup"]) == 2
+    assert summary["critic_warmup_explained_var"] == history["critic_warmup"][-1]["critic/explained_var"]
 
 
 @pytest.mark.slow
