@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from copc_core.methods import FROZEN, Anchor, MethodSpec, method_spec, preset
 
+SEED_MAX = 2**31 - 1  # seeds feed Python's and torch's generators; the limits below are ones a laptop can hold
+
 
 class MethodConfig(BaseModel):
     """Which method, its two bands, and the options of docs/ALGORITHMS.md §2–3.
@@ -80,8 +82,8 @@ class ModelConfig(BaseModel):
 
     backend: Literal["tiny", "hf"] = "tiny"
     n_layer: int = Field(2, ge=1, le=12)
-    n_head: int = Field(4, ge=1)
-    n_embd: int = Field(64, ge=8)
+    n_head: int = Field(4, ge=1, le=64)
+    n_embd: int = Field(64, ge=8, le=1024)
     separate_critic: bool = False
     critic_init: Literal["own", "policy"] = Field("own", description="separate critic trunk's start: its own (tiny: "
                                                                      "random init; hf: the pretrained base) or a copy "
@@ -122,8 +124,8 @@ class TaskConfig(BaseModel):
     ops: str = "+*"
     max_tool_calls: int = Field(3, ge=0, le=8)
     max_response_tokens: int = Field(32, ge=4, le=256)
-    n_eval: int = Field(256, ge=8)
-    eval_seed: int = 12345
+    n_eval: int = Field(256, ge=8, le=100_000)
+    eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
     format_reward: float = Field(0.0, ge=0.0, le=0.5)
 
     @model_validator(mode="after")
@@ -146,11 +148,11 @@ class SearchTaskConfig(BaseModel):
     n_cities: int = Field(8, ge=2, le=2000)
     n_held_out: int = Field(20, ge=1, description="people whose questions form the evaluation set only")
     two_hop_frac: float = Field(0.5, ge=0.0, le=1.0, description="share of training questions needing two searches")
-    kb_seed: int = 7
+    kb_seed: int = Field(7, ge=0, le=SEED_MAX)
     max_tool_calls: int = Field(3, ge=0, le=8)
     max_response_tokens: int = Field(56, ge=8, le=256)
-    n_eval: int = Field(80, ge=8)
-    eval_seed: int = 12345
+    n_eval: int = Field(80, ge=8, le=100_000)
+    eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
     format_reward: float = Field(0.0, ge=0.0, le=0.5)
 
     @model_validator(mode="after")
@@ -178,12 +180,12 @@ class WarmStartConfig(BaseModel):
 
     model_config = FROZEN
 
-    steps: int = Field(400, ge=0)
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(3e-3, gt=0.0)
+    steps: int = Field(400, ge=0, le=1_000_000)
+    batch_size: int = Field(128, ge=1, le=65_536)
+    lr: float = Field(3e-3, gt=0.0, lt=1.0)
     frac_correct: float = Field(0.45, ge=0.0, le=1.0)
     frac_wrong_order: float = Field(0.25, ge=0.0, le=1.0)  # the rest are direct guesses
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
 
     @model_validator(mode="after")
     def _fractions(self) -> WarmStartConfig:
@@ -202,10 +204,10 @@ class TrainConfig(BaseModel):
 
     model_config = FROZEN
 
-    steps: int = Field(100, ge=1)
-    batch_size: int = Field(128, ge=1)
-    minibatches: int = Field(4, ge=1)
-    epochs: int = Field(1, ge=1)
+    steps: int = Field(100, ge=1, le=1_000_000)
+    batch_size: int = Field(128, ge=1, le=65_536)
+    minibatches: int = Field(4, ge=1, le=4096)
+    epochs: int = Field(1, ge=1, le=100)
     lr: float = Field(3e-4, gt=0.0, lt=1.0)
     critic_lr_scale: float = Field(1.0, gt=0.0, le=1000.0, description="critic learning rate = lr × this "
                                                                          "(value head, and the critic trunk if separate)")
@@ -220,11 +222,11 @@ class TrainConfig(BaseModel):
     eta: int | None = Field(None, ge=0, le=1024, description="bounded staleness η (free-running sampling, Ray "
                                                              "runtime); None: controlled lag")
     eta_chunk: int = Field(16, ge=1, description="episodes per free-running sampling request (bounded staleness)")
-    eval_every: int = Field(5, ge=1)
-    kl_step_rows: int = Field(8, ge=0, description="episodes of each batch on which policy/kl_step is measured "
+    eval_every: int = Field(5, ge=1, le=1_000_000)
+    kl_step_rows: int = Field(8, ge=0, le=4096, description="episodes of each batch on which policy/kl_step is measured "
                                                     "(0: off)")
-    seed: int = 0
-    torch_threads: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    torch_threads: int = Field(1, ge=1, le=256)
 
     @model_validator(mode="after")
     def _sizes(self) -> TrainConfig:
@@ -250,11 +252,11 @@ class ResourcesConfig(BaseModel):
     model_config = FROZEN
 
     rollout_workers: int = Field(1, ge=1, le=4096)
-    rollout_cpus: float = Field(1.0, gt=0.0)
-    rollout_gpus: float = Field(0.0, ge=0.0)
-    learner_cpus: float = Field(1.0, gt=0.0)
-    learner_gpus: float = Field(0.0, ge=0.0)
-    timeout_s: float = Field(300.0, gt=0.0, description="limit on any one Ray call (weight sync, sampling, a step)")
+    rollout_cpus: float = Field(1.0, gt=0.0, le=1024.0)
+    rollout_gpus: float = Field(0.0, ge=0.0, le=64.0)
+    learner_cpus: float = Field(1.0, gt=0.0, le=1024.0)
+    learner_gpus: float = Field(0.0, ge=0.0, le=64.0)
+    timeout_s: float = Field(300.0, gt=0.0, le=86_400.0, description="limit on any one Ray call (weight sync, sampling, a step)")
 
 
 class RunConfig(BaseModel):

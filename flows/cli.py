@@ -38,6 +38,24 @@ def _validation_message(err: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
+MAX_FILE_BYTES = 1 << 20  # a config or space file larger than 1 MiB is refused unread
+
+
+def _read_text(path: pathlib.Path) -> str:
+    """A small UTF-8 text file, or exit 2 saying why not (missing, a device, too large, not UTF-8)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        _fail(f"cannot read {path}: {err}")
+    if len(data) > MAX_FILE_BYTES:
+        _fail(f"{path} is larger than {MAX_FILE_BYTES // 1024} KiB: not a config file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        _fail(f"{path} is not UTF-8 text: {err}")
+
+
 def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, object], task: Optional[str] = None,
                      base=None):
     """A RunConfig from an optional JSON file (or `base`) plus CLI overrides (dotted paths), validated once.
@@ -48,9 +66,9 @@ def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, o
     base = base or RunConfig()
     if config_file is not None:
         try:
-            base = RunConfig.model_validate_json(config_file.read_text())
-        except OSError as err:
-            _fail(f"cannot read {config_file}: {err}")
+            base = RunConfig.model_validate_json(_read_text(config_file))
+        except ValidationError as err:
+            _fail(f"{config_file}: " + _validation_message(err))
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         if task is not None and task != base.task.name:
@@ -210,8 +228,8 @@ def methods() -> None:
 def hf_tiny(
     path: pathlib.Path = typer.Argument(..., help="directory to write the model and tokenizer to"),
     task: str = typer.Option("tool_math", help="built-in task whose demonstrations train the tokenizer"),
-    hidden: int = typer.Option(64, help="hidden size"),
-    layers: int = typer.Option(2, help="transformer layers"),
+    hidden: int = typer.Option(64, min=8, max=4096, help="hidden size (a multiple of 4: four attention heads)"),
+    layers: int = typer.Option(2, min=1, max=48, help="transformer layers"),
 ) -> None:
     """Write a tiny Hugging Face model (Llama architecture, BPE tokenizer, chat template) built from a config.
 
@@ -220,6 +238,8 @@ def hf_tiny(
     from copc_core.hf import save_tiny_model
     from copc_core.tasks import make_task
 
+    if hidden % 4:
+        _fail(f"--hidden must be a multiple of 4 (the model has four attention heads), got {hidden}")
     try:
         task_config = default_task(task)
     except ValueError as err:
@@ -253,14 +273,17 @@ def sweep(
     except ValueError as err:
         _fail(str(err))
     name = name or preset
+    from pydantic import TypeAdapter
+
+    from sweeps.space import SweepName
+
     try:
-        space = SweepSpace.model_validate_json(space_file.read_text()) if space_file else preset_space
+        TypeAdapter(SweepName).validate_python(name)
+        space = SweepSpace.model_validate_json(_read_text(space_file)) if space_file else preset_space
         if steps is not None:
             space = SweepSpace.model_validate({**space.model_dump(), "steps": steps})
     except ValidationError as err:
-        _fail(_validation_message(err))
-    except OSError as err:
-        _fail(f"cannot read {space_file}: {err}")
+        _fail(("--name: " if err.title != "SweepSpace" else "") + _validation_message(err))
     if sampler not in ("grid", "tpe"):
         _fail(f"--sampler must be grid or tpe, got {sampler!r}")
     base = build_run_config(config, {}, task, base=preset_base)
@@ -272,10 +295,11 @@ def sweep(
     # without PREFECT_API_URL, Prefect starts a temporary local server; a first start migrates its
     # database, which takes longer than Prefect's default 20 s allowance on a small machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
-    from flows.prefect_flows import SweepParams, copc_sweep
+    from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
 
-    result = copc_sweep(SweepParams(name=name, space=space, base=base, storage=storage, tracking_uri=tracking_uri,
-                                    sampler=sampler))
+    result = copc_sweep(SweepParams.model_validate(
+        {"name": name, "space": space, "base": base, "storage": storage, "tracking_uri": tracking_uri,
+         "sampler": sampler}, context=LOCAL_CALLER))
     typer.echo(result["table"])
     if result["best_params"] is not None:
         typer.echo(f"best: {result['best_params']} → {result['best_value']:.3f}")
@@ -297,11 +321,12 @@ def report(
     """Build the HTML report of one or more sweeps from MLflow (runs through the copc-report flow)."""
     _servers_up(tracking_uri)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
-    from flows.prefect_flows import ReportParams
+    from flows.prefect_flows import LOCAL_CALLER, ReportParams
 
     try:
-        params = ReportParams(sweeps=sweep, out=str(out) if out else None, tracking_uri=tracking_uri,
-                              mlflow_ui=mlflow_ui, baseline=baseline)
+        params = ReportParams.model_validate({"sweeps": sweep, "out": str(out) if out else None,
+                                              "tracking_uri": tracking_uri, "mlflow_ui": mlflow_ui,
+                                              "baseline": baseline}, context=LOCAL_CALLER)
     except ValidationError as err:
         _fail(_validation_message(err))
     from infra.settings import data_dir
@@ -352,9 +377,10 @@ def analyze(
         _fail(_validation_message(err))
     _servers_up(None, mlflow=False)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
-    from flows.prefect_flows import AnalysisParams, copc_analysis
+    from flows.prefect_flows import LOCAL_CALLER, AnalysisParams, copc_analysis
 
-    result = copc_analysis(AnalysisParams(spec=spec, out=str(out) if out else None))
+    result = copc_analysis(AnalysisParams.model_validate({"spec": spec, "out": str(out) if out else None},
+                                                         context=LOCAL_CALLER))
     typer.echo(f"HTML report: {result['path']}\nrecords: {result['records']}")
 
 
@@ -371,15 +397,36 @@ def serve() -> None:
 
 @app.command()
 def up(
-    prefect_port: int = typer.Option(4200, help="Prefect server port"),
-    mlflow_port: int = typer.Option(5000, help="MLflow server port"),
+    prefect_port: int = typer.Option(4200, min=1, max=65535, help="Prefect server port"),
+    mlflow_port: int = typer.Option(5000, min=1, max=65535, help="MLflow server port"),
     host: str = typer.Option("127.0.0.1", help="bind address (loopback unless you say otherwise)"),
+    prefect_auth: Optional[str] = typer.Option(None, envvar="COPC_PREFECT_AUTH", help="'user:password' the Prefect "
+                                               "API requires (clients: export PREFECT_API_AUTH_STRING=user:password)"),
+    mlflow_allowed_hosts: Optional[str] = typer.Option(None, help="MLflow --allowed-hosts (its default admits "
+                                                                  "localhost and private-network hosts)"),
+    mlflow_cors_origins: Optional[str] = typer.Option(None, help="MLflow --cors-allowed-origins"),
+    mlflow_basic_auth: bool = typer.Option(False, help="MLflow's basic-auth app (it creates an admin user on "
+                                                       "first start: change its password)"),
 ) -> None:
-    """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C (or SIGTERM)."""
+    """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C (or SIGTERM).
+
+    Prefect runs with CSRF protection and CORS limited to its UI's origin; both servers stop when this
+    command does, however it ends."""
     import signal
 
-    from infra.local_stack import LocalStack
+    from infra.local_stack import LOOPBACK, LocalStack
     from infra.settings import data_dir
+
+    if prefect_auth is not None and ":" not in prefect_auth:
+        _fail("--prefect-auth must be 'user:password'")
+    if host not in LOOPBACK:
+        typer.secho(f"warning: binding {host}: the servers are reachable from other machines. "
+                    + ("" if prefect_auth else "The Prefect API has no authentication (--prefect-auth). ")
+                    + ("" if mlflow_basic_auth else "MLflow has no authentication (--mlflow-basic-auth). ")
+                    + ("" if mlflow_allowed_hosts else "MLflow accepts requests for any private-network host name "
+                       "(--mlflow-allowed-hosts). ")
+                    + "Anyone who reaches them can start runs that write files under the data folder.",
+                    fg=typer.colors.YELLOW, err=True)
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -388,7 +435,8 @@ def up(
     # take both signals explicitly so `copc up &` can still be stopped cleanly
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
-    with LocalStack(data_dir(), host, prefect_port, mlflow_port) as stack:
+    with LocalStack(data_dir(), host, prefect_port, mlflow_port, prefect_auth, mlflow_allowed_hosts,
+                    mlflow_cors_origins, mlflow_basic_auth) as stack:
         typer.echo(f"Prefect UI and API: {stack.prefect_url}   (export PREFECT_API_URL={stack.prefect_url}/api)")
         typer.echo(f"MLflow UI:          {stack.mlflow_url}   (export MLFLOW_TRACKING_URI={stack.mlflow_url})")
         typer.echo("Ctrl-C stops both.")

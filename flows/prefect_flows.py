@@ -11,11 +11,30 @@ from typing import Optional
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
-from sweeps.space import SweepSpace
+from sweeps.space import SweepName, SweepSpace
+
+
+LOCAL_CALLER = {"local_caller": True}  # validation context of the CLI: its user chooses paths freely
+
+
+def _confined(field: str, kind: str):
+    """A validator confining a path or store parameter to the data folder: parameters arrive from the
+    Prefect API, and whoever can post to it must not choose where files are written. The `copc` CLI
+    validates with `LOCAL_CALLER`, and its user's paths pass as given."""
+    from pydantic import ValidationInfo
+
+    def check(value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        from infra.settings import confined_store_uri, inside_data_folder
+
+        if value is None or (info.context or {}).get("local_caller"):
+            return value
+        return str(inside_data_folder(value, field)) if kind == "path" else confined_store_uri(value, field)
+
+    return field_validator(field)(check)
 
 
 class TrainParams(BaseModel):
@@ -23,30 +42,41 @@ class TrainParams(BaseModel):
 
     config: RunConfig = Field(default_factory=RunConfig)
     runtime: str = Field("inprocess", pattern="^(inprocess|ray)$")
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
+
+    _data_dir = _confined("data_dir", "path")
 
 
 class SweepParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "embedded-default"
+    name: SweepName = "embedded-default"
     space: SweepSpace = Field(default_factory=SweepSpace)
     base: RunConfig = Field(default_factory=RunConfig)
     storage: Optional[str] = None
     tracking_uri: Optional[str] = None
     sampler: str = Field("grid", pattern="^(grid|tpe)$")
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
+
+    _data_dir = _confined("data_dir", "path")
+    _storage = _confined("storage", "store")
+    _tracking = _confined("tracking_uri", "store")
 
 
 class ReportParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sweeps: list[str] = Field(default_factory=lambda: ["embedded-default"], min_length=1)
+    sweeps: list[SweepName] = Field(default_factory=lambda: ["embedded-default"], min_length=1, max_length=50)
     out: Optional[str] = Field(None, description="HTML file (default: <data>/reports/<sweeps>.html)")
     tracking_uri: Optional[str] = None
-    mlflow_ui: Optional[str] = Field(None, description="base URL of the MLflow UI for run links")
+    mlflow_ui: Optional[str] = Field(None, pattern=r"^https?://[^\s\"'<>]+$",
+                                     description="base URL (http or https) of the MLflow UI for run links")
     baseline: str = Field("async_ppo", description="method the learner-time ratio is taken against")
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
+
+    _data_dir = _confined("data_dir", "path")
+    _out = _confined("out", "path")
+    _tracking = _confined("tracking_uri", "store")
 
 
 class AnalysisParams(BaseModel):
@@ -54,7 +84,10 @@ class AnalysisParams(BaseModel):
 
     spec: AnalysisSpec = Field(default_factory=AnalysisSpec)
     out: Optional[str] = Field(None, description="HTML file (default: <data>/reports/analysis-<hash>.html)")
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
+
+    _data_dir = _confined("data_dir", "path")
+    _out = _confined("out", "path")
 
 
 def _data(path: Optional[str]) -> pathlib.Path:
@@ -102,8 +135,9 @@ def copc_sweep(params: SweepParams) -> dict:
                      f"\n\nMLflow `{result['tracking_uri']}`, parent run `{result['parent_run_id']}`; Optuna "
                      f"`{result['storage']}`\n\n| params | state | value | MLflow run |\n|---|---|---|---|\n" + "\n".join(runs),
                      "joint sweep")
-    report = copc_report(ReportParams(sweeps=[params.name], tracking_uri=result["tracking_uri"],
-                                      data_dir=params.data_dir))
+    # these values passed SweepParams' own checks already
+    report = copc_report(ReportParams.model_validate({"sweeps": [params.name], "tracking_uri": result["tracking_uri"],
+                                                      "data_dir": params.data_dir}, context=LOCAL_CALLER))
     return {"parent_run_id": result["parent_run_id"], "trials": len(result["outcomes"]), "table": table,
             "report": report["path"],
             "failed": sum(o["state"] == "FAIL" for o in result["outcomes"]), "storage": result["storage"],

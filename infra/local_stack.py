@@ -56,28 +56,74 @@ def _bin(name: str) -> str:
     return found
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: start a session of its own (Ctrl-C in the terminal reaches the parent
+    only) and ask Linux for SIGTERM when the parent dies, however it dies (SIGKILL included)."""
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 class LocalStack:
-    def __init__(self, data: pathlib.Path, host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000):
+    """A Prefect server and an MLflow server on `host`, with their own protections on.
+
+    Prefect: CSRF protection, CORS limited to the UI's own origin, the UI pointed at this API (whatever
+    the port), anonymous analytics off, and an optional basic-auth string (clients then need
+    PREFECT_API_AUTH_STRING). MLflow: its host and CORS checks with the values given (its defaults
+    admit localhost and private-network hosts), and basic auth when asked. Both servers die with this
+    process, however it ends.
+    """
+
+    def __init__(self, data: pathlib.Path, host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000,
+                 prefect_auth: str | None = None, mlflow_allowed_hosts: str | None = None,
+                 mlflow_cors_origins: str | None = None, mlflow_basic_auth: bool = False):
         self.data = pathlib.Path(data)
         self.host, self.prefect_port, self.mlflow_port = host, prefect_port, mlflow_port
         self.prefect_url = f"http://{host}:{prefect_port}"
         self.mlflow_url = f"http://{host}:{mlflow_port}"
+        self.prefect_auth = prefect_auth
+        self.mlflow_allowed_hosts, self.mlflow_cors_origins = mlflow_allowed_hosts, mlflow_cors_origins
+        self.mlflow_basic_auth = mlflow_basic_auth
         self.procs: list[subprocess.Popen] = []
+
+    def prefect_env(self) -> dict[str, str]:
+        env = dict(os.environ, PREFECT_HOME=str(self.data / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                   PREFECT_SERVER_CSRF_PROTECTION_ENABLED="true",
+                   PREFECT_SERVER_CORS_ALLOWED_ORIGINS=self.prefect_url,
+                   PREFECT_UI_API_URL=f"{self.prefect_url}/api")
+        if self.prefect_auth:
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.prefect_auth
+        return env
+
+    def mlflow_command(self) -> list[str]:
+        cmd = [_bin("mlflow"), "server", "--host", self.host, "--port", str(self.mlflow_port),
+               "--backend-store-uri", f"sqlite:///{self.data / 'mlflow.db'}",
+               "--default-artifact-root", str(self.data / "mlartifacts"), "--workers", "1"]
+        if self.mlflow_allowed_hosts:
+            cmd += ["--allowed-hosts", self.mlflow_allowed_hosts]
+        if self.mlflow_cors_origins:
+            cmd += ["--cors-allowed-origins", self.mlflow_cors_origins]
+        if self.mlflow_basic_auth:
+            cmd += ["--app-name", "basic-auth"]
+        return cmd
 
     def __enter__(self) -> LocalStack:
         logs = self.data / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PREFECT_HOME=str(self.data / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
         try:
             prefect = subprocess.Popen([_bin("prefect"), "server", "start", "--host", self.host, "--port",
-                                        str(self.prefect_port)], env=env, stdout=open(logs / "prefect.log", "ab"),
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+                                        str(self.prefect_port)], env=self.prefect_env(),
+                                       stdout=open(logs / "prefect.log", "ab"), stderr=subprocess.STDOUT,
+                                       preexec_fn=_die_with_parent)
             self.procs.append(prefect)
-            mlflow = subprocess.Popen([_bin("mlflow"), "server", "--host", self.host, "--port", str(self.mlflow_port),
-                                       "--backend-store-uri", f"sqlite:///{self.data / 'mlflow.db'}",
-                                       "--default-artifact-root", str(self.data / "mlartifacts"), "--workers", "1"],
-                                      stdout=open(logs / "mlflow.log", "ab"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            mlflow = subprocess.Popen(self.mlflow_command(), stdout=open(logs / "mlflow.log", "ab"),
+                                      stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
             self.procs.append(mlflow)
             wait_healthy(f"{self.prefect_url}/api/health", 180, "Prefect server", prefect)
             wait_healthy(f"{self.mlflow_url}/health", 180, "MLflow server", mlflow)

@@ -130,6 +130,8 @@ def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment
     run_name, status, sweep, params, tags, metrics, history: {key: [(step, value), ...]}}]}.
     Reads only; raises LookupError naming what is missing (no experiment, no such sweep).
     """
+    if uri.startswith("sqlite:///") and not pathlib.Path(uri[len("sqlite:///"):]).exists():
+        raise LookupError(f"no MLflow store at {uri}: run a sweep first")  # and opening it would create one
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:

@@ -16,6 +16,12 @@ PARAM_FIELDS = {"tau_policy": "method.tau_policy", "tau_advantage": "method.tau_
 
 Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no clip")]
 
+# a sweep's name keys the Optuna study, the MLflow parent run and the report's file: letters, digits and
+# . _ + = - (and inner spaces) only, so that it is safe in a filter string and a file name
+SweepName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+=-]*$",
+                                 description="letters, digits, . _ + = - and inner spaces")]
+MAX_GRID_POINTS = 100_000  # a grid larger than this is refused before it is built
+
 
 class SweepSpace(BaseModel):
     """A joint grid over (τ_p, τ_a) × staleness × seed for one method, and how to score a run.
@@ -33,8 +39,8 @@ class SweepSpace(BaseModel):
     schedule: Literal["lag", "bounded"] = Field("lag", description="lag: staleness values are controlled lags k; "
                                                                    "bounded: they are staleness bounds η (free-"
                                                                    "running sampling on the Ray runtime)")
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
-    steps: int = Field(60, ge=1)
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0], min_length=1)
+    steps: int = Field(60, ge=1, le=1_000_000)
     objective: Literal["final", "peak", "auc"] = "final"
     collapse_penalty: float = Field(0.5, ge=0.0, le=1.0, description="subtracted from a collapsed run's score")
 
@@ -47,6 +53,9 @@ class SweepSpace(BaseModel):
 
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
+        size = len(self.tau_policy) * len(self.tau_advantage) * len(self.staleness) * len(self.seeds)
+        if size > MAX_GRID_POINTS:
+            raise ValueError(f"the grid has {size:,} points; at most {MAX_GRID_POINTS:,} are allowed")
         for tp, ta in itertools.product(self.tau_policy, self.tau_advantage):
             MethodConfig(name=self.method, tau_policy=tp, tau_advantage=ta)  # the method has both bands
         return self

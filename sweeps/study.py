@@ -14,7 +14,9 @@ FAIL_REASON = "fail_reason"
 
 def open_study(name: str, storage: str, space: SweepSpace, sampler: str = "grid") -> optuna.Study:
     """Create or load `name` in `storage` (any Optuna RDB URL; SQLite by default)."""
-    samplers = {"grid": lambda: optuna.samplers.GridSampler(space.search_space(), seed=0),
+    # grid points reach the study as enqueued trials with every parameter fixed, so in grid mode the sampler
+    # never proposes a value (Optuna's GridSampler, given such trials, fails on a one-point grid: KeyError 'grid_id')
+    samplers = {"grid": lambda: optuna.samplers.RandomSampler(seed=0),
                 "tpe": lambda: optuna.samplers.TPESampler(seed=0)}
     if sampler not in samplers:
         raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(samplers)}")

@@ -131,7 +131,13 @@ def test_unknown_runtime_is_rejected(tmp_path):
 def test_report_of_an_unknown_sweep_exits_2_naming_it(tmp_path):
     out = copc("report", "--sweep", "nope", data_dir=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "no MLflow experiment 'copc'" in out.stderr and "Traceback" not in out.stderr
+    assert "no MLflow store at" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "mlflow.db").exists()
+    from infra.tracking import Tracker
+
+    Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_dir=tmp_path / "mlartifacts").parent_run("known", {})
+    out = copc("report", "--sweep", "nope", data_dir=tmp_path)
+    assert out.returncode == 2 and "no sweep named 'nope'" in out.stderr and "known: known" in out.stderr
     assert not (tmp_path / "reports").exists()
 
 

@@ -286,3 +286,110 @@ def test_a_server_that_is_down_is_named_at_start_and_nothing_runs(tmp_path, comm
     assert "Traceback" not in out.stderr
     data = tmp_path / "data"
     assert not data.exists() or not any(data.iterdir())  # no study, no MLflow store, no runs
+
+
+# ---- issue: what an attacker or an unlucky user found (docs/RELIABILITY.md, "Bad input" and "Valid input") ----
+
+def _cli(args, data, **env):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    return CliRunner().invoke(app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "",
+                                              "PREFECT_API_URL": "", **env})
+
+
+def _nothing_written(data: pathlib.Path) -> bool:
+    return not data.exists() or not [p for p in data.rglob("*")
+                                      if p.relative_to(data).parts[0] in ("mlflow.db", "optuna.db", "runs", "cache")]
+
+
+BAD_CONFIG_FILES = {
+    "extra field": (b'{"train": {"stepz": 3}}', "train.stepz"),
+    "wrong type": (b'{"train": {"steps": "many"}}', "train.steps"),
+    "NaN": (b'{"train": {"lr": NaN}}', "train.lr"),
+    "1e999": (b'{"train": {"steps": 1e999}}', "train.steps"),
+    "not JSON": (b"steps = 3", "Invalid JSON"),
+    "not UTF-8": (b'{"train": {"steps": 3}}\xff\xfe', "not UTF-8"),
+    "deep nesting": (b"[" * 100_000 + b"]" * 100_000, "config"),
+    "huge": (b" " * (2 << 20), "larger than"),
+    "steps 1e12": (b'{"train": {"steps": 1000000000000}}', "train.steps"),
+    "batch 1e9": (b'{"train": {"batch_size": 1000000000, "minibatches": 1}}', "train.batch_size"),
+    "n_embd 2^20": (b'{"model": {"n_embd": 1048576}}', "model.n_embd"),
+    "threads 1e6": (b'{"train": {"torch_threads": 1000000}}', "train.torch_threads"),
+    "seed 1e30": (b'{"train": {"seed": 1000000000000000000000000000000}}', "train.seed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIG_FILES))
+def test_a_bad_config_file_exits_2_naming_the_problem_and_writes_nothing(tmp_path, case):
+    content, needle = BAD_CONFIG_FILES[case]
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    result = _cli(["train", "--config", str(path)], tmp_path / "data")
+    assert result.exit_code == 2, result.output[-2000:]
+    assert needle in result.output and "Traceback" not in result.output
+    assert _nothing_written(tmp_path / "data")
+
+
+def test_a_device_as_config_file_is_refused_unread(tmp_path):
+    result = _cli(["train", "--config", "/dev/zero"], tmp_path / "data")
+    assert result.exit_code == 2 and "larger than" in result.output
+    space = _cli(["sweep", "--space", "/dev/zero"], tmp_path / "data")
+    assert space.exit_code == 2 and "larger than" in space.output
+
+
+def test_a_huge_space_is_refused_before_it_is_built(tmp_path):
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({"tau_policy": [1 + i / 1000 for i in range(1000)],
+                                "tau_advantage": [1 + i / 1000 for i in range(1000)], "staleness": list(range(40))}))
+    start = time.perf_counter()
+    result = _cli(["sweep", "--space", str(path)], tmp_path / "data")
+    assert result.exit_code == 2 and "40,000,000 points" in result.output
+    assert time.perf_counter() - start < 30  # refused from the list lengths, not by building the grid
+    assert _nothing_written(tmp_path / "data")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["sweep", "--name", "it's"], "--name"),
+    (["sweep", "--name", "../../x"], "--name"),
+    (["report", "--sweep", "a'b"], "sweeps"),
+    (["hf-tiny", "{tmp}/m", "--layers", "-1"], "--layers"),
+    (["hf-tiny", "{tmp}/m", "--hidden", "0"], "--hidden"),
+    (["hf-tiny", "{tmp}/m", "--hidden", "66"], "multiple of 4"),
+    (["up", "--prefect-port", "99999"], "--prefect-port"),
+])
+def test_bad_names_and_numbers_exit_2(tmp_path, args, needle):
+    result = _cli([a.format(tmp=tmp_path) for a in args], tmp_path / "data")
+    assert result.exit_code == 2, result.output[-2000:]
+    assert needle in result.output and "Traceback" not in result.output
+    assert _nothing_written(tmp_path / "data") and not (tmp_path / "m").exists()
+
+
+def test_a_report_of_nothing_creates_no_store(tmp_path):
+    result = _cli(["report", "--sweep", "nope"], tmp_path / "data")
+    assert result.exit_code == 2 and "no MLflow store" in result.output
+    assert not (tmp_path / "data" / "mlflow.db").exists()
+
+
+def test_valid_edge_configs_run(tiny_warm_state):
+    """No warm start at all and a single minibatch (the whole batch in one update) are valid, and train."""
+    from copc_core.trainer import Trainer
+    from copc_core.warmstart import warm_start
+
+    cfg = with_overrides(tiny_config(steps=2), {"warm_start.steps": 0, "train.minibatches": 1})
+    summary = Trainer(cfg, warm_start(cfg)).run()
+    assert summary.steps_completed == 2 and not summary.collapse_reason == "non_finite"
+
+
+def test_a_one_point_grid_runs():
+    from sweeps.space import SweepSpace
+    from sweeps.study import open_study, pending_points, run_study
+
+    space = SweepSpace(tau_policy=[2.0], tau_advantage=[2.0], staleness=[0], seeds=[0], steps=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        study = open_study("one", f"sqlite:///{tmp}/optuna.db", space)
+        done = run_study(study, space, pending_points(study, space), lambda params, on_result: [
+            on_result(i, {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5,
+                                      "collapsed": False}}) for i in range(len(params))])
+        assert [d["state"] for d in done] == ["COMPLETE"] and pending_points(study, space) == []

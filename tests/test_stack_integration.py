@@ -20,6 +20,11 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,11 +58,17 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 run = run_deployment("copc-sweep/embedded", parameters=json.loads({json.dumps(json.dumps(params))}),
                                      timeout=600)
                 print("STATE", run.state.type.value)
+                # a caller of the API may not choose where files are written
+                evil = run_deployment("copc-report/embedded", timeout=300, parameters={{"params": {{
+                    "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
+                print("EVIL", evil.state.type.value)
             """)
             out = subprocess.run([sys.executable, "-c", trigger], cwd=ROOT, env=env, capture_output=True, text=True,
                                  timeout=900)
             assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
+            assert "EVIL FAILED" in out.stdout and not (tmp_path.parent / "evil").exists()
+            assert "must lie inside the data folder" in (tmp_path / "serve.log").read_text()
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -71,6 +82,56 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
         study = optuna.load_study(study_name="it", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
         assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
         assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
+
+
+def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(tmp_path):
+    """CSRF protection on, CORS limited to the UI's own origin, /ui-settings pointing at this port; the
+    servers die with the process that started them."""
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    with LocalStack(tmp_path, "127.0.0.1", port, free_port()) as stack:
+        api = f"{stack.prefect_url}/api"
+        with urllib.request.urlopen(f"{stack.prefect_url}/ui-settings", timeout=10) as r:
+            assert json.loads(r.read())["api_url"] == api
+        post = urllib.request.Request(f"{api}/flows/", data=json.dumps({"name": "x"}).encode(), method="POST",
+                                      headers={"Content-Type": "application/json", "Origin": "http://evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(post, timeout=10)
+        assert refused.value.code == 403
+        assert refused.value.headers.get("access-control-allow-origin") in (None, stack.prefect_url)
+        preflight = urllib.request.Request(f"{api}/flows/", method="OPTIONS", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+        try:
+            with urllib.request.urlopen(preflight, timeout=10) as r:
+                allowed = r.headers.get("access-control-allow-origin")
+        except urllib.error.HTTPError as err:
+            allowed = err.headers.get("access-control-allow-origin")
+        assert allowed != "*" and allowed != "http://evil.example"
+
+
+def test_the_servers_die_with_the_process_that_started_them(tmp_path):
+    """`copc up` SIGKILLed: its Prefect and MLflow servers do not outlive it."""
+    import signal
+
+    pp, mp = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port",
+                             str(mp)], cwd=ROOT, env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line or "Ctrl-C" in line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.time() + 60
+    alive = [pp, mp]
+    while alive and time.time() < deadline:
+        alive = [p for p in alive if _listening(p)]
+        time.sleep(1)
+    assert not alive, f"still listening after the parent died: {alive}"
 
 
 def test_a_server_that_is_down_gives_a_clear_error():
