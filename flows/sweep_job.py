@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import time
 from typing import Any
 
 from copc_core.config import RunConfig
 from sweeps.space import SweepSpace, objective_value
-from sweeps.study import open_study, pending_points, run_study
+from sweeps.study import HEARTBEAT_S, open_study, pending_points, run_study, running_elsewhere
 
 
 def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path, storage: str | None = None,
@@ -37,10 +38,13 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     cached_warm_start(base, cache, on_warm)
     for bar in bars:
         bar.close()
-    study = open_study(name, storage, space, sampler)
-    points = pending_points(study, space)
-    total = len(space.grid())
-    print(f"sweep {name!r}: {total} points, {total - len(points)} already finished, {len(points)} to run", file=sys.stderr)
+    sweep = open_study(name, storage, space, sampler)
+    study = sweep.study
+    points = pending_points(sweep, space)
+    total, elsewhere = len(space.grid()), running_elsewhere(sweep, space)
+    print(f"sweep {name!r}: {total} points, {total - len(points) - len(elsewhere)} already finished, {len(points)} to run"
+          + (f", {len(elsewhere)} being run by another sweep process (this one waits for them)" if elsewhere else ""),
+          file=sys.stderr)
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
     init_ray(num_cpus=os.cpu_count())
 
@@ -66,13 +70,37 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
         run_trials(configs, cache, done)
         bar.close()
 
-    outcomes = run_study(study, space, points, run_points) if points else []
+    outcomes: list[dict] = []
+    attempted: set[tuple] = set()  # points this process ran: a failure here is final until the next sweep
+    while True:
+        attempted |= {_key(p) for p in points}
+        # a result logged to MLflow whose sweep died before telling Optuna is told now, not trained again
+        logged = tracker.logged_trials(parent)
+        hashes = {_key(p): space.run_config(base, p).config_hash() for p in points}
+        recovered = [p for p in points if hashes[_key(p)] in logged]
+        if recovered:
+            print(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now", file=sys.stderr)
+            outcomes += run_study(sweep, space, recovered, lambda params_list, on_result: [
+                on_result(i, logged[hashes[_key(p)]]) for i, p in enumerate(params_list)])
+        fresh = [p for p in points if hashes[_key(p)] not in logged]
+        if fresh:
+            outcomes += run_study(sweep, space, fresh, run_points)
+        # points another live sweep process holds: wait until each ends, or its process dies (then run it)
+        while running_elsewhere(sweep, space):
+            time.sleep(HEARTBEAT_S)
+        points = [p for p in pending_points(sweep, space) if _key(p) not in attempted]
+        if not points:
+            break
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     best = max(complete, key=lambda t: t.value) if complete else None
     tracker.finish_parent(parent, {"sweep/trials_complete": len(complete),
                                    "sweep/best_value": best.value if best else float("nan")})
     return {"study": study, "outcomes": outcomes, "best": best, "parent_run_id": parent, "storage": storage,
             "tracking_uri": tracker.uri}
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
 
 
 def grid_table(study, space: SweepSpace) -> str:

@@ -100,6 +100,22 @@ class Tracker:
         self.client.set_terminated(run_id, "FAILED" if summary.get("collapsed") and summary.get("collapse_reason") == "non_finite" else "FINISHED")
         return run_id
 
+    def logged_trials(self, parent_id: str) -> dict[str, dict[str, Any]]:
+        """The finished, scored child runs of a sweep's parent, by config hash: {"mlflow_run_id", "summary",
+        "runtime"} (the summary's numbers as logged, `collapsed` as a bool)."""
+        runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and "
+                                       "attributes.status = 'FINISHED'", max_results=50_000)
+        out = {}
+        for r in runs:
+            metrics, tags = r.data.metrics, r.data.tags
+            if "summary/objective" not in metrics or "config_hash" not in tags:
+                continue
+            summary = {k[len("summary/"):]: v for k, v in metrics.items() if k.startswith("summary/")}
+            summary["collapsed"] = summary.get("collapsed", 0.0) > 0.5
+            out.setdefault(tags["config_hash"], {"mlflow_run_id": r.info.run_id, "summary": summary,
+                                                 "runtime": tags.get("runtime", "?"), "recovered": True})
+        return out
+
     def log_failed_trial(self, parent_id: str, sweep_name: str, run_name: str, reason: str,
                          config: RunConfig | None = None) -> str:
         """A trial that raised: its config as params (so reports place it in the grid) and the reason."""

@@ -42,8 +42,18 @@ def _int(text: str | None) -> int:
 
 
 def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str) -> pd.DataFrame:
-    rows = []
+    """One row per trial run that ended (FINISHED, or FAILED with its reason); a run still RUNNING (its
+    process died while logging it) is left out, and of several finished runs of one config (one point
+    trained twice) the first is kept."""
+    rows, seen = [], set()
     for t in trials:
+        if t["status"] not in ("FINISHED", "FAILED"):
+            continue
+        config_hash = t["tags"].get("config_hash")
+        if config_hash and t["status"] == "FINISHED":
+            if config_hash in seen:
+                continue
+            seen.add(config_hash)
         p, m, tags = t["params"], t["metrics"], t["tags"]
         objective = m.get("summary/objective", math.nan)
         method = p.get("method.name", tags.get("method", "?"))

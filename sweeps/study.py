@@ -1,8 +1,20 @@
-"""Optuna studies for joint sweeps: grid (default) or TPE, resumable, failures recorded as FAIL."""
+"""Optuna studies for joint sweeps: resumable, failures recorded as FAIL, safe with two sweep processes.
+
+Every trial a sweep asks for is heartbeat-managed: while it runs, its sweep process records a
+heartbeat in the storage every `HEARTBEAT_S` seconds (Optuna's RDB heartbeat). A RUNNING trial whose
+heartbeat is older than `GRACE_S` belongs to a sweep process that died: it is marked FAIL
+("interrupted") and its point runs again. A RUNNING trial with a fresh heartbeat belongs to a live
+sweep process: a second `copc sweep` on the same study leaves it alone and waits for it (it joins),
+running only the points nobody is running. Trials asked before heartbeats existed (no `managed`
+mark) are judged dead. Only public Optuna API is used.
+"""
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -10,59 +22,155 @@ import optuna
 from sweeps.space import SweepSpace, objective_value
 
 FAIL_REASON = "fail_reason"
+MANAGED = "heartbeat_managed"  # user attribute of every trial whose liveness the storage's heartbeat tells
+HEARTBEAT_S = 5  # a live sweep records each running trial's heartbeat this often
+GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone
 
 
-def open_study(name: str, storage: str, space: SweepSpace, sampler: str = "grid") -> optuna.Study:
-    """Create or load `name` in `storage` (any Optuna RDB URL; SQLite by default)."""
+@dataclass
+class SweepStudy:
+    """An Optuna study and the heartbeat-enabled storage it lives in."""
+
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+    study_id: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
+
+    def trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def fail(self, number: int, reason: str) -> None:
+        trial_id = self.trial_id(number)
+        self.storage.set_trial_user_attr(trial_id, FAIL_REASON, reason)
+        try:
+            self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # it finished meanwhile: its result stands
+
+
+def open_study(name: str, storage: str, space: SweepSpace, sampler: str = "grid") -> SweepStudy:
+    """Create or load `name` in `storage` (an Optuna RDB URL; SQLite by default), heartbeats on."""
     # grid points reach the study as enqueued trials with every parameter fixed, so in grid mode the sampler
     # never proposes a value (Optuna's GridSampler, given such trials, fails on a one-point grid: KeyError 'grid_id')
     samplers = {"grid": lambda: optuna.samplers.RandomSampler(seed=0),
                 "tpe": lambda: optuna.samplers.TPESampler(seed=0)}
     if sampler not in samplers:
         raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(samplers)}")
-    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                               sampler=samplers[sampler]())
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    study = optuna.create_study(study_name=name, storage=rdb, direction="maximize", load_if_exists=True,
+                                sampler=samplers[sampler]())
+    return SweepStudy(study, rdb)
+
+
+# Set when a trial is asked, replaced when it is told: a trial that the heartbeat check fails (its process died)
+# keeps this reason, since a finished trial's attributes cannot be written any more.
+STALE_REASON = f"interrupted: its sweep process stopped (no heartbeat for {GRACE_S} s)"
 
 
 def _key(params: dict[str, Any]) -> tuple:
     return tuple(sorted((k, float(v)) for k, v in params.items()))
 
 
-def pending_points(study: optuna.Study, space: SweepSpace) -> list[dict[str, Any]]:
-    """Grid points without a COMPLETE trial. Trials left RUNNING by a killed sweep become FAIL."""
-    done = set()
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state == optuna.trial.TrialState.COMPLETE:
-            done.add(_key(trial.params))
-        elif trial.state == optuna.trial.TrialState.RUNNING:
-            study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON, "interrupted (sweep killed)")
-            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-    return [p for p in space.grid() if _key(p) not in done]
+def _settle(sweep: SweepStudy) -> list[optuna.trial.FrozenTrial]:
+    """Fail the RUNNING trials of dead sweep processes; returns the trials that are still running (live)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(sweep.study)
+    live = []
+    for trial in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.user_attrs.get(MANAGED):
+            live.append(trial)
+        else:  # asked by a version without heartbeats: nobody can be running it any more
+            sweep.fail(trial.number, "interrupted (sweep killed)")
+    return live
 
 
-def run_study(study: optuna.Study, space: SweepSpace, points: list[dict[str, Any]],
+def pending_points(sweep: SweepStudy, space: SweepSpace) -> list[dict[str, Any]]:
+    """Grid points that nobody has finished and no live sweep process is running.
+
+    RUNNING trials of dead sweep processes are marked FAIL here (their points are pending again)."""
+    live = {_key(t.params) for t in _settle(sweep)}
+    done = {_key(t.params) for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    return [p for p in space.grid() if _key(p) not in done | live]
+
+
+def running_elsewhere(sweep: SweepStudy, space: SweepSpace) -> list[dict[str, Any]]:
+    """Grid points a live sweep process (another one, or this one) is running now."""
+    points = {_key(p): p for p in space.grid()}
+    return [points[_key(t.params)] for t in _settle(sweep) if _key(t.params) in points]
+
+
+class _Heartbeats:
+    """A thread recording the heartbeat of every trial in `running` until it is stopped."""
+
+    def __init__(self, sweep: SweepStudy):
+        self.sweep = sweep
+        self.running: set[int] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="optuna-heartbeats", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            with self.lock:
+                ids = list(self.running)
+            for trial_id in ids:
+                self.sweep.storage.record_heartbeat(trial_id)
+            if self.stop.wait(HEARTBEAT_S):
+                return
+
+    def __enter__(self) -> _Heartbeats:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def run_study(sweep: SweepStudy, space: SweepSpace, points: list[dict[str, Any]],
               run_points: Callable[[list[dict[str, Any]], Callable[[int, Any], None]], None]) -> list[dict]:
     """Ask one trial per point and run them (in parallel, by `run_points`); each trial is told the
     moment its run ends (`on_result(i, result_or_exception)`), so a sweep killed midway keeps every
-    finished trial."""
+    finished trial. Every asked trial carries a heartbeat until it is told."""
+    study = sweep.study
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()}
-    trials = []
-    for p in points:
-        study.enqueue_trial(p, skip_if_exists=False)
-        trials.append(study.ask(distributions))
-    out: list[dict] = [{} for _ in trials]
+    out: list[dict] = [{} for _ in points]
+    with _Heartbeats(sweep) as beats:
+        trials = []
+        for p in points:
+            study.enqueue_trial(p, skip_if_exists=False)
+            with warnings.catch_warnings():  # this module records the heartbeats itself (ask/tell, not optimize)
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                trial = study.ask(distributions)
+            trial_id = sweep.trial_id(trial.number)
+            sweep.storage.record_heartbeat(trial_id)  # live from the first moment
+            trial.set_user_attr(MANAGED, True)
+            trial.set_user_attr(FAIL_REASON, STALE_REASON)
+            with beats.lock:
+                beats.running.add(trial_id)
+            trials.append((trial, trial_id))
 
-    def on_result(i: int, result: Any) -> None:
-        trial = trials[i]
-        if isinstance(result, BaseException):
-            trial.set_user_attr(FAIL_REASON, f"{type(result).__name__}: {result}")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            out[i] = {"params": trial.params, "state": "FAIL", "reason": str(result)}
-            return
-        value = objective_value(result["summary"], space.objective, space.collapse_penalty)
-        trial.set_user_attr("mlflow_run_id", result.get("mlflow_run_id", ""))
-        study.tell(trial, value)
-        out[i] = {"params": trial.params, "state": "COMPLETE", "value": value, **result}
+        def on_result(i: int, result: Any) -> None:
+            trial, trial_id = trials[i]
+            try:
+                if isinstance(result, BaseException):
+                    trial.set_user_attr(FAIL_REASON, f"{type(result).__name__}: {result}")
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    out[i] = {"params": trial.params, "state": "FAIL", "reason": str(result)}
+                    return
+                value = objective_value(result["summary"], space.objective, space.collapse_penalty)
+                trial.set_user_attr("mlflow_run_id", result.get("mlflow_run_id", ""))
+                trial.set_user_attr(FAIL_REASON, "")  # it did not fail
+                study.tell(trial, value)
+                out[i] = {"params": trial.params, "state": "COMPLETE", "value": value, **result}
+            finally:
+                with beats.lock:
+                    beats.running.discard(trial_id)
 
-    run_points([t.params for t in trials], on_result)
+        run_points([t.params for t, _ in trials], on_result)
     return out

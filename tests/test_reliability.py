@@ -388,8 +388,8 @@ def test_a_one_point_grid_runs():
 
     space = SweepSpace(tau_policy=[2.0], tau_advantage=[2.0], staleness=[0], seeds=[0], steps=2)
     with tempfile.TemporaryDirectory() as tmp:
-        study = open_study("one", f"sqlite:///{tmp}/optuna.db", space)
-        done = run_study(study, space, pending_points(study, space), lambda params, on_result: [
+        sweep = open_study("one", f"sqlite:///{tmp}/optuna.db", space)
+        done = run_study(sweep, space, pending_points(sweep, space), lambda params, on_result: [
             on_result(i, {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5,
                                       "collapsed": False}}) for i in range(len(params))])
-        assert [d["state"] for d in done] == ["COMPLETE"] and pending_points(study, space) == []
+        assert [d["state"] for d in done] == ["COMPLETE"] and pending_points(sweep, space) == []

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from sweeps.space import SweepSpace, objective_value
-from sweeps.study import FAIL_REASON, open_study, pending_points, run_study
+from sweeps.study import FAIL_REASON, MANAGED, open_study, pending_points, run_study, running_elsewhere
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -43,24 +43,55 @@ def test_objective():
 def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = tiny_space()
-    study = open_study("s", storage, space)
+    sweep = open_study("s", storage, space)
+    study = sweep.study
 
     def half_fail(params_list, on_result):
         for i, p in enumerate(params_list):
             on_result(i, RuntimeError("worker exploded") if p["staleness"] == 1 else
                       {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5, "collapsed": False}})
 
-    run_study(study, space, pending_points(study, space), half_fail)
+    run_study(sweep, space, pending_points(sweep, space), half_fail)
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and states.count(optuna.trial.TrialState.FAIL) == 2
     assert all("worker exploded" in t.user_attrs[FAIL_REASON] for t in study.trials if t.state.name == "FAIL")
-    # a sweep killed mid-trial leaves RUNNING trials: they are marked FAIL and their points rerun
+    assert all(t.user_attrs[MANAGED] for t in study.trials)
+    # a trial left RUNNING by a version without heartbeats: nobody runs it; marked FAIL, its point rerun
     study.enqueue_trial({"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0})
     study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()})
     again = open_study("s", storage, space)
     pending = pending_points(again, space)
     assert sorted(p["tau_advantage"] for p in pending) == [1.0, 2.0] and all(p["staleness"] == 1 for p in pending)
-    assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in again.trials)
+    assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in again.study.trials)
+
+
+def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(tmp_path, monkeypatch):
+    import time
+
+    import sweeps.study as study_mod
+
+    monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(study_mod, "GRACE_S", 3)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = tiny_space(tau_advantage=[1.0], staleness=[0])  # one point
+    first = open_study("s", storage, space)
+    stopped = []
+
+    def dies_while_running(params_list, on_result):  # heartbeats run while this runs; then the process "dies"
+        second = open_study("s", storage, space)
+        assert pending_points(second, space) == [] and running_elsewhere(second, space) == params_list
+        stopped.append(True)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(first, space, pending_points(first, space), dies_while_running)
+    assert stopped
+    second = open_study("s", storage, space)
+    assert pending_points(second, space) == []  # its heartbeat is still fresh: maybe the process is only slow
+    time.sleep(study_mod.GRACE_S + 2)
+    assert pending_points(second, space) == space.grid()  # stale: the point runs again
+    (failed,) = second.study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    assert failed.user_attrs[FAIL_REASON].startswith("interrupted: its sweep process stopped")
 
 
 def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
@@ -174,7 +205,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     assert 1 <= len(before) < 4, "the kill must land mid-sweep"
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"{len(before)} already finished, {4 - len(before)} to run" in out.stderr
+    # the killed process's trials keep a fresh heartbeat for up to GRACE_S: the rerun waits, then runs them
+    assert f"{len(before)} already finished" in out.stderr
     report = pathlib.Path(out.stdout.split("HTML report: ")[1].split()[0])  # the CLI ends with the report's path
     assert report.is_file() and report.parent == tmp_path / "reports" and "plotly-graph-div" in report.read_text()
     study = optuna.load_study(study_name="kill", storage=storage)
@@ -182,3 +214,93 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4
     assert all(study.trials[n].state.name == "COMPLETE" for n in before)  # the finished ones were kept, not redone
     assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in study.trials)
+
+
+def _run_sweep_process(tmp_path, name, space_file, base_file, env):
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "sweep", "--name", name, "--space", str(space_file),
+                             "--config", str(base_file)], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state):
+    """The second joins: it runs what nobody runs and waits for the rest; no trial is failed for being
+    live, no result is lost, and MLflow holds one run per point."""
+    import os
+    import time
+
+    from copc_core.warmstart import warm_start_key
+    from infra.checkpoints import save_checkpoint
+
+    base = tiny_config(steps=12)
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    (tmp_path / "base.json").write_text(base.model_dump_json())
+    (tmp_path / "space.json").write_text(tiny_space(steps=12).model_dump_json())
+    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
+    first = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json", env)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    deadline = time.time() + 600
+    while time.time() < deadline and first.poll() is None:  # the second starts while the first runs trials
+        try:
+            if optuna.load_study(study_name="both", storage=storage).trials:
+                break
+        except Exception:  # not created yet
+            pass
+        time.sleep(0.2)
+    second = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json",
+                                dict(env, PREFECT_HOME=str(tmp_path / "prefect2")))
+    outs = [p.communicate(timeout=900) for p in (first, second)]
+    assert first.returncode == 0 and second.returncode == 0, [err[-3000:] for _, err in outs]
+    study = optuna.load_study(study_name="both", storage=storage)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * 4
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("copc")
+    runs = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'both' and tags.copc_kind = 'trial'")
+    assert len(runs) == 4 and len({r.data.tags["config_hash"] for r in runs}) == 4
+    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in runs}
+
+
+def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(tmp_path, tiny_warm_state,
+                                                                                      monkeypatch):
+    """The window between logging a trial to MLflow and telling Optuna: a sweep that dies there leaves a
+    RUNNING trial and a finished MLflow run; the next sweep tells Optuna that run's result and trains nothing."""
+    import sweeps.study as study_mod
+    from copc_core.warmstart import warm_start_key
+    from flows.sweep_job import run_sweep
+    from infra import sweep_runs
+    from infra.checkpoints import save_checkpoint
+    from infra.tracking import Tracker
+    from sweeps.study import run_study
+
+    monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(study_mod, "GRACE_S", 2)
+    base = tiny_config()
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    space = tiny_space(tau_advantage=[1.0], staleness=[0])
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
+    parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    summary = {"final_accuracy": 0.75, "peak_accuracy": 0.8, "auc_accuracy": 0.6, "collapsed": False}
+
+    def logs_then_dies(params_list, on_result):
+        config = space.run_config(base, params_list[0])
+        tracker.log_trial(parent, "w", "logged", config, summary, [], [], 0.75)
+        raise SystemExit("killed after logging, before telling Optuna")
+
+    with pytest.raises(SystemExit):
+        run_study(open_study("w", storage, space), space, space.grid(), logs_then_dies)
+    trained = []
+    monkeypatch.setattr(sweep_runs, "_train_trial", None)  # any training would fail loudly
+    monkeypatch.setattr(sweep_runs, "run_trials", lambda *a, **k: trained.append(a))
+    result = run_sweep(space, "w", base, tmp_path, storage=storage, tracking=tracking)
+    assert not trained
+    study = optuna.load_study(study_name="w", storage=storage)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 1 and complete[0].value == pytest.approx(0.75)
+    runs = MlflowClient(tracking).search_runs([tracker.experiment_id], "tags.copc_kind = 'trial'")
+    assert len(runs) == 1 and complete[0].user_attrs["mlflow_run_id"] == runs[0].info.run_id
+    assert result["best"].value == pytest.approx(0.75)
