@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -16,6 +17,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platfor
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
+
+
+@contextlib.contextmanager
+def _prefect_api():
+    """The Prefect API the flows report to: PREFECT_API_URL's, or a temporary local server for this command
+    (it dies with the command, however the command ends)."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from infra.local_stack import ServerDownError, temporary_prefect_server
+    from infra.settings import data_dir
+
+    try:
+        with temporary_prefect_server(data_dir()) as api, temporary_settings(updates={PREFECT_API_URL: api}):
+            yield
+    except ServerDownError as err:
+        _fail(str(err))
 
 
 def _servers_up(tracking_uri: Optional[str], mlflow: bool = True) -> None:
@@ -292,14 +312,12 @@ def sweep(
     except ValidationError as err:
         _fail(_validation_message(err))
     _servers_up(tracking_uri)
-    # without PREFECT_API_URL, Prefect starts a temporary local server; a first start migrates its
-    # database, which takes longer than Prefect's default 20 s allowance on a small machine
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
 
-    result = copc_sweep(SweepParams.model_validate(
-        {"name": name, "space": space, "base": base, "storage": storage, "tracking_uri": tracking_uri,
-         "sampler": sampler}, context=LOCAL_CALLER))
+    params = SweepParams.model_validate({"name": name, "space": space, "base": base, "storage": storage,
+                                         "tracking_uri": tracking_uri, "sampler": sampler}, context=LOCAL_CALLER)
+    with _prefect_api():
+        result = copc_sweep(params)
     typer.echo(result["table"])
     if result["best_params"] is not None:
         typer.echo(f"best: {result['best_params']} → {result['best_value']:.3f}")
@@ -320,7 +338,6 @@ def report(
 ) -> None:
     """Build the HTML report of one or more sweeps from MLflow (runs through the copc-report flow)."""
     _servers_up(tracking_uri)
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     from flows.prefect_flows import LOCAL_CALLER, ReportParams
 
     try:
@@ -338,7 +355,9 @@ def report(
         _fail(str(err))
     from flows.prefect_flows import copc_report
 
-    typer.echo(f"HTML report: {copc_report(params)['path']}")
+    with _prefect_api():
+        path = copc_report(params)["path"]
+    typer.echo(f"HTML report: {path}")
 
 
 def _floats(text: Optional[str], option: str) -> Optional[list[float]]:
@@ -376,11 +395,11 @@ def analyze(
     except ValidationError as err:
         _fail(_validation_message(err))
     _servers_up(None, mlflow=False)
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     from flows.prefect_flows import LOCAL_CALLER, AnalysisParams, copc_analysis
 
-    result = copc_analysis(AnalysisParams.model_validate({"spec": spec, "out": str(out) if out else None},
-                                                         context=LOCAL_CALLER))
+    params = AnalysisParams.model_validate({"spec": spec, "out": str(out) if out else None}, context=LOCAL_CALLER)
+    with _prefect_api():
+        result = copc_analysis(params)
     typer.echo(f"HTML report: {result['path']}\nrecords: {result['records']}")
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 
 
 class ServerDownError(RuntimeError):
@@ -155,3 +158,39 @@ class LocalStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.0) -> Iterator[str]:
+    """A Prefect server for one command (when PREFECT_API_URL names none): loopback, a free port, its own
+    home under the data folder, analytics off, CSRF on, dying with this process however it ends (Prefect's
+    own temporary server outlived a SIGKILLed sweep by 90 s). Sets PREFECT_API_URL while it runs; yields it."""
+    port = _free_port()
+    stack = LocalStack(pathlib.Path(data), "127.0.0.1", port)
+    env = stack.prefect_env() | {"PREFECT_HOME": str(pathlib.Path(data) / "prefect-temporary")}
+    logs = pathlib.Path(data) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=open(logs / "prefect-temporary.log", "ab"), stderr=subprocess.STDOUT,
+                            preexec_fn=_die_with_parent)
+    stack.procs.append(proc)
+    api = f"{stack.prefect_url}/api"
+    previous = os.environ.get("PREFECT_API_URL")
+    try:
+        print(f"temporary Prefect server at {stack.prefect_url} (log: {logs / 'prefect-temporary.log'})",
+              file=sys.stderr)
+        wait_healthy(f"{api}/health", startup_timeout_s, "temporary Prefect server", proc)
+        os.environ["PREFECT_API_URL"] = api
+        yield api
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+        stack.stop(grace_s=10)

@@ -29,6 +29,8 @@ request is consumed exactly once: `counters` track it); every wait has a timeout
 from __future__ import annotations
 
 import collections
+import os
+import pathlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,15 +77,42 @@ class RayResources:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join a cluster at `address`, or start a local Ray bound to 127.0.0.1 (no dashboard)."""
+    """Join a cluster at `address`, or start a local Ray with its node address 127.0.0.1 (no dashboard).
+
+    What a local Ray 2.60 listens on (measured with `ss -ltn`, docs/RELIABILITY.md): its GCS, raylet and
+    worker gRPC servers on all interfaces whatever the node address, guarded by Ray's token
+    authentication (on by default since Ray 2.5x); the dashboard agent on the machine's address too.
+    Ray offers no option to bind them to loopback. What this function can do, it does: the auth token
+    file is made readable by its owner only.
+    """
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        # address="local": always a fresh local instance, never a cluster `ray start` left on this machine
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1")
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                # address="local": always a fresh local instance, never a cluster `ray start` left on this machine
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         _node_ip_address="127.0.0.1")
+                break
+            except Exception as err:  # Ray gives its raylet a fixed 30 s to register; a loaded machine can miss it
+                if "timed out during startup" not in str(err) or attempt == START_ATTEMPTS:
+                    raise
+                ray.shutdown()
+                time.sleep(2 * attempt)
+    restrict_auth_token()
+
+
+START_ATTEMPTS = 3  # local Ray starts tried before its startup timeout is reported
+
+
+def restrict_auth_token() -> pathlib.Path | None:
+    """Make Ray's auth token file (RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) mode 0600; its path, if any."""
+    path = pathlib.Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or pathlib.Path.home() / ".ray" / "auth_token")
+    if path.is_file() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    return path if path.is_file() else None
 
 
 @ray.remote

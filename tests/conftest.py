@@ -20,6 +20,19 @@ def tiny_warm_state():
     return warm_start(tiny_config())
 
 
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
+    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here."""
+    import ray
+
+    from infra.ray_runtime import init_ray
+
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need a CUDA GPU and vLLM: skipped, with the reason, where either is missing."""
     from copc_core.vllm_engine import vllm_unavailable_reason

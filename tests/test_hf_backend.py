@@ -140,10 +140,8 @@ def test_a_few_copc_steps_with_stale_rollouts(tiny_dir, hf_warm, separate_critic
 
 
 @pytest.mark.slow
-def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_dir, hf_warm):
-    import ray
-
-    from infra.ray_runtime import RayResources, RayTrainer, init_ray
+def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_dir, hf_warm, local_ray):
+    from infra.ray_runtime import RayResources, RayTrainer
 
     cfg = with_overrides(hf_config(tiny_dir, staleness=1, steps=3), {"train.eval_every": 3})
     threads = torch.get_num_threads()
@@ -153,15 +151,11 @@ def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_di
         reference.run()
     finally:
         torch.set_num_threads(threads)
-    init_ray(num_cpus=2)
+    rt = RayTrainer(cfg, hf_warm, RayResources(rollout_cpus=0.5, learner_cpus=0.5, timeout_s=120))
     try:
-        rt = RayTrainer(cfg, hf_warm, RayResources(rollout_cpus=0.5, learner_cpus=0.5, timeout_s=120))
-        try:
-            rt.run()
-        finally:
-            rt.shutdown()
+        rt.run()
     finally:
-        ray.shutdown()
+        rt.shutdown()
     strip = lambda records: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]  # noqa: E731
     assert strip(rt.history) == strip(reference.history)
     assert rt.evals == reference.evals

@@ -6,7 +6,6 @@ import torch
 
 from copc_core.backends import build_model
 from infra.packed_weights import ALIGN, pack, unpack
-from infra.ray_runtime import init_ray
 from tests.conftest import tiny_config
 
 
@@ -53,8 +52,7 @@ def test_a_non_tensor_entry_is_refused_by_name():
         pack({"w": torch.ones(2), "step": 3})
 
 
-def test_a_model_loads_the_weights_after_a_trip_through_ray():
-    init_ray(num_cpus=2)
+def test_a_model_loads_the_weights_after_a_trip_through_ray(local_ray):
     model = build_model(tiny_config(), 0)
     received = ray.get(ray.put(pack(model.state_dict())))
     assert not received.buffer.flags.writeable  # Ray hands out shared memory, so unpack must copy

@@ -17,7 +17,6 @@ import time
 import pytest
 import ray
 
-from infra.ray_runtime import init_ray
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +27,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_node_cluster_runs_a_short_job(tmp_path):
+def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
     assert ray_bin, "the ray CLI must be installed beside this Python"
     port = free_port()
@@ -36,7 +35,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path):
     # Ray 2.60 heads enable token auth; every process of the cluster must then use it too
     env = dict(os.environ, RAY_AUTH_MODE="token")
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    init_ray(num_cpus=2)  # this session's own Ray, which the teardown must leave alone
+    # local_ray: this session's own Ray, which the teardown must leave alone
     groups: list[int] = []  # process group of each `ray start`: its daemons and their workers
 
     def start(*args: str) -> None:

@@ -6,18 +6,16 @@ import torch
 
 from copc_core.trainer import Trainer
 from infra.packed_weights import unpack
-from infra.ray_runtime import LearnerActor, RayResources, RayTrainer, RuntimeTimeoutError, init_ray
+from infra.ray_runtime import LearnerActor, RayResources, RayTrainer, RuntimeTimeoutError
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
 HALF = RayResources(rollout_workers=1, rollout_cpus=0.5, learner_cpus=0.5, timeout_s=120)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def _ray(local_ray):
+    """The session's Ray (tests/conftest.py)."""
 
 
 def strip_times(records):
@@ -240,3 +238,34 @@ def test_a_non_finite_step_stops_the_run_and_the_step_queued_behind_it_changes_n
     # the poisoned batch was delivered (and refused); the skipped call consumed nothing
     c = rt.counters
     assert c.requests_completed == POISONED + 1 and c.episodes_consumed == (POISONED + 1) * cfg.train.batch_size
+
+
+def test_the_ray_auth_token_is_readable_by_its_owner_only():
+    from infra.ray_runtime import restrict_auth_token
+
+    path = restrict_auth_token()  # the session's Ray is up: init_ray ran it already
+    assert path is not None and path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_local_ray_that_times_out_at_startup_is_started_again(monkeypatch):
+    """Ray gives its raylet a fixed 30 s to register with the GCS; on a loaded machine the first start can
+    miss it. init_ray tries again (and reports the error after its last attempt)."""
+    import infra.ray_runtime as runtime
+
+    calls = []
+
+    def flaky_init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime.ray, "init", flaky_init)
+    monkeypatch.setattr(runtime.ray, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    runtime.init_ray(num_cpus=2)
+    assert len([c for c in calls if c != "shutdown"]) == 2 and "shutdown" in calls
+    calls.clear()
+    monkeypatch.setattr(runtime.ray, "init", lambda **kw: (_ for _ in ()).throw(Exception("timed out during startup")))
+    with pytest.raises(Exception, match="timed out during startup"):
+        runtime.init_ray(num_cpus=2)

@@ -169,3 +169,35 @@ def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path):
+    """Without PREFECT_API_URL a command starts a temporary Prefect server; SIGKILL on the command (alone,
+    not its process group) ends the server too."""
+    import re
+    import signal
+
+    from infra.checkpoints import cached_warm_start
+
+    base = tiny_config(steps=200)
+    cached_warm_start(base, tmp_path / "cache")
+    (tmp_path / "base.json").write_text(base.model_dump_json())
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"COPC_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "sweep", "--name", "k", "--config",
+                             str(tmp_path / "base.json"), "--steps", "200"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.time() + 300
+    while time.time() < deadline and url is None:
+        line = proc.stderr.readline()
+        found = re.search(r"temporary Prefect server at (http://127\.0\.0\.1:(\d+))", line)
+        if found:
+            url, port = found.group(1), int(found.group(2))
+    assert url, "no temporary server announced"
+    wait_healthy(f"{url}/api/health", 300, "temporary Prefect server")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.time() + 30
+    while _listening(port) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _listening(port), "the temporary Prefect server outlived its command"
