@@ -393,3 +393,50 @@ def test_a_one_point_grid_runs():
             on_result(i, {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5,
                                       "collapsed": False}}) for i in range(len(params))])
         assert [d["state"] for d in done] == ["COMPLETE"] and pending_points(sweep, space) == []
+
+
+# ---- flow parameters arrive from the Prefect API: paths and URLs are confined ----
+
+def test_flow_path_parameters_are_confined_to_the_data_folder(tmp_path, monkeypatch):
+    from flows.prefect_flows import LOCAL_CALLER, AnalysisParams, ReportParams, SweepParams, TrainParams
+
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("COPC_DATA_DIR", str(data))
+    (data / "escape").symlink_to(tmp_path)  # a link inside that points outside
+    outside = [ReportParams, {"out": str(tmp_path / "x.sh")}], [ReportParams, {"out": "escape/x.sh"}], \
+        [ReportParams, {"out": "../x.sh"}], [TrainParams, {"data_dir": "/etc"}], \
+        [SweepParams, {"data_dir": str(tmp_path)}], [SweepParams, {"storage": f"sqlite:///{tmp_path}/o.db"}], \
+        [SweepParams, {"tracking_uri": str(tmp_path / "mlruns")}], [SweepParams, {"tracking_uri": "ftp://h/x"}], \
+        [AnalysisParams, {"out": "/tmp/a.html"}]
+    for model, params in outside:
+        with pytest.raises(ValidationError, match="inside the data folder|unsupported scheme"):
+            model.model_validate(params)
+        assert model.model_validate(params, context=LOCAL_CALLER)  # the CLI's own user chooses freely
+    assert ReportParams(out="reports/r.html").out == str(data / "reports" / "r.html")
+    assert SweepParams(storage=f"sqlite:///{data}/optuna.db", tracking_uri="http://127.0.0.1:5000").storage
+    for url in ("javascript:alert(1)", "data:text/html,x", "http://x\"onmouseover=1"):
+        with pytest.raises(ValidationError, match="mlflow_ui"):
+            ReportParams(mlflow_ui=url)
+    assert not (tmp_path / "x.sh").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
+                 st.recursive(st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=8)),
+                              lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                      st.dictionaries(st.sampled_from(
+                                                          ["method", "train", "model", "steps", "name", "lr",
+                                                           "tau_policy", "seeds", "staleness", "space", "out"]),
+                                                          inner, max_size=4)), max_leaves=12).map(json.dumps)))
+def test_the_config_space_and_flow_parsers_refuse_anything_with_a_validation_error(text):
+    """Fuzzed JSON-ish input for every parser an outsider can reach: it parses, or it is refused with a
+    pydantic ValidationError; nothing else escapes (no crash, no hang)."""
+    from flows.prefect_flows import AnalysisParams, ReportParams, SweepParams, TrainParams
+    from sweeps.space import SweepSpace
+
+    for model in (RunConfig, SweepSpace, TrainParams, SweepParams, ReportParams, AnalysisParams):
+        try:
+            model.model_validate_json(text)
+        except ValidationError:
+            pass
