@@ -168,3 +168,16 @@ def test_search_prompts_lose_their_character_padding(tiny_dir):
     question = next(q for q in make_task(SearchTaskConfig()).sample(50, 0) if q.prompt.startswith("_"))
     text = codec.tokenizer.decode(codec.prompt_ids(question))
     assert text == f"<|system|>Answer.<|user|>{question.prompt.lstrip('_')}<|assistant|>"
+
+
+def test_a_separate_hf_critic_can_start_as_a_copy_of_the_warm_started_policy(tiny_dir, hf_warm):
+    """model.critic_init = policy: the critic trunk (a second copy of the base model) starts from the SFT
+    policy's base model, as LLM PPO initialises its critic from the SFT model; `own` keeps the pretrained one."""
+    copied = warm_start(hf_config(tiny_dir, separate_critic=True, critic_init="policy"))
+    own = warm_start(hf_config(tiny_dir, separate_critic=True))
+    base = {k[len("policy.model."):]: v for k, v in copied.items() if k.startswith("policy.model.")}
+    assert base and all(torch.equal(copied[f"critic_trunk.{k}"], v) for k, v in base.items())
+    assert not all(torch.equal(own[f"critic_trunk.{k}"], v) for k, v in base.items())
+    for k, v in hf_warm.items():  # the warm-started policy does not depend on the critic's layout
+        if k.startswith("policy."):
+            assert torch.equal(copied[k], v), k
