@@ -15,7 +15,6 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
@@ -50,7 +49,8 @@ class Tracker:
     def __init__(self, uri: str, experiment: str = "copc", artifact_dir: pathlib.Path | None = None):
         """`artifact_dir` places a new experiment's artifacts (local stores); a server decides its own."""
         self.uri = uri
-        mlflow.set_tracking_uri(uri)
+        # MlflowClient(uri) only: mlflow.set_tracking_uri would also export MLFLOW_TRACKING_URI to this
+        # process's environment, and every later subprocess (a second command, a test) would inherit it
         self.client = MlflowClient(uri)
         found = self.client.get_experiment_by_name(experiment)
         location = pathlib.Path(artifact_dir).resolve().as_uri() if artifact_dir and not uri.startswith("http") else None

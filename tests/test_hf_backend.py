@@ -151,7 +151,8 @@ def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_di
         reference.run()
     finally:
         torch.set_num_threads(threads)
-    rt = RayTrainer(cfg, hf_warm, RayResources(rollout_cpus=0.5, learner_cpus=0.5, timeout_s=120))
+    # an actor's first call imports transformers and builds the model: minutes on a loaded 2-core machine
+    rt = RayTrainer(cfg, hf_warm, RayResources(rollout_cpus=0.5, learner_cpus=0.5, timeout_s=600))
     try:
         rt.run()
     finally:

@@ -182,7 +182,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
     (tmp_path / "base.json").write_text(base.model_dump_json())
     (tmp_path / "space.json").write_text(tiny_space(steps=30).model_dump_json())
-    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    env |= {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
     cmd = [sys.executable, "-m", "flows.cli", "sweep", "--name", "kill", "--space", str(tmp_path / "space.json"),
            "--config", str(tmp_path / "base.json")]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -239,7 +240,8 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
     save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
     (tmp_path / "base.json").write_text(base.model_dump_json())
     (tmp_path / "space.json").write_text(tiny_space(steps=12).model_dump_json())
-    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    env |= {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
     first = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json", env)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     deadline = time.time() + 600
