@@ -31,9 +31,14 @@ def _prefect_api():
     from infra.local_stack import ServerDownError, temporary_prefect_server
     from infra.settings import data_dir
 
+    from prefect.logging.handlers import APILogHandler
+
     try:
         with temporary_prefect_server(data_dir()) as api, temporary_settings(updates={PREFECT_API_URL: api}):
-            yield
+            try:
+                yield
+            finally:  # the flows' logs reach the server before it stops (else: "Error logging to API")
+                APILogHandler().flush()
     except ServerDownError as err:
         _fail(str(err))
 
