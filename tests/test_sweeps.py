@@ -168,6 +168,22 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert "η = 2" in grid_table(result["study"], space)
 
 
+def _sweep_files(tmp_path, warm_state, steps: int) -> dict[str, str]:
+    """base.json, space.json and the cached warm start for a `copc sweep` subprocess; its environment
+    (a data folder of its own, no MLflow or Prefect server inherited from the test session)."""
+    import os
+
+    from copc_core.warmstart import warm_start_key
+    from infra.checkpoints import save_checkpoint
+
+    base = tiny_config(steps=steps)
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", warm_state)
+    (tmp_path / "base.json").write_text(base.model_dump_json())
+    (tmp_path / "space.json").write_text(tiny_space(steps=steps).model_dump_json())
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    return env | {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+
+
 def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state):
     import os
     import signal
@@ -175,15 +191,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     import sys
     import time
 
-    from copc_core.warmstart import warm_start_key
-    from infra.checkpoints import save_checkpoint
-
-    base = tiny_config(steps=30)
-    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
-    (tmp_path / "base.json").write_text(base.model_dump_json())
-    (tmp_path / "space.json").write_text(tiny_space(steps=30).model_dump_json())
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
-    env |= {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=30)
     cmd = [sys.executable, "-m", "flows.cli", "sweep", "--name", "kill", "--space", str(tmp_path / "space.json"),
            "--config", str(tmp_path / "base.json")]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,15 +241,7 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
     import os
     import time
 
-    from copc_core.warmstart import warm_start_key
-    from infra.checkpoints import save_checkpoint
-
-    base = tiny_config(steps=12)
-    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
-    (tmp_path / "base.json").write_text(base.model_dump_json())
-    (tmp_path / "space.json").write_text(tiny_space(steps=12).model_dump_json())
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
-    env |= {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=12)
     first = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json", env)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     deadline = time.time() + 600
