@@ -1,0 +1,144 @@
+"""Regime calibration at k = 0: which candidate regime passes docs/REGIME.md's criteria?
+
+    python -m bench.regime [--candidates default lr1e-4 ...] [--seeds 2 --steps 300 --workers 1]
+
+Each candidate is a set of overrides of the default RunConfig (a critic as LLM PPO has it: separate
+trunk, 100 warm-up steps). Every run is synchronous PPO (k = 0): the criteria are judged before any
+method is compared at a lag, so no method's score can steer the choice. Each finished run is
+appended to data/bench/regime.jsonl at once (rerun to resume). Printed per candidate: the held-out
+accuracy at step 0 and at the end, the gain, the learner step at which 90 % of the gain was reached
+(t90, on a 3-eval moving average), the per-token KL between consecutive versions, the critic's
+explained variance after warm-up and over the run, and whether each criterion passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from tqdm import tqdm
+
+from copc_core.config import RunConfig, with_overrides
+
+CRITIC = {"model.separate_critic": True, "train.critic_warmup_steps": 100}
+CANDIDATES: dict[str, dict[str, object]] = {
+    "default": {},
+    "lr1e-4": {"train.lr": 1e-4},
+    "lr5e-5": {"train.lr": 5e-5},
+    "lr3e-5": {"train.lr": 3e-5},
+    "digits222": {"task.operand_digits": (2, 2, 2)},
+    "digits222-lr1e-4": {"task.operand_digits": (2, 2, 2), "train.lr": 1e-4},
+}
+
+# the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)
+MIN_GAIN = 0.2
+MIN_T90 = 100  # learner steps (versions); × train.minibatches optimizer updates
+KL_RANGE = (1e-4, 1e-2)  # nats per token between consecutive versions
+MIN_WARMUP_EV = 0.3
+
+
+def run_config(candidate: str, seed: int, steps: int) -> RunConfig:
+    return with_overrides(RunConfig(), {"method.name": "sync_ppo", "train.seed": seed, "train.steps": steps,
+                                        **CRITIC, **CANDIDATES[candidate]})
+
+
+def one_run(candidate: str, seed: int, steps: int, cache_dir: str) -> dict:
+    from copc_core.trainer import Trainer
+    from infra.checkpoints import cached_warm_start
+    from infra.settings import configure_torch_threads
+
+    cfg = run_config(candidate, seed, steps)
+    configure_torch_threads(1)
+    warm = cached_warm_start(cfg, pathlib.Path(cache_dir))
+    start = time.perf_counter()
+    trainer = Trainer(cfg, warm)
+    summary = trainer.run()
+    return {"candidate": candidate, "seed": seed, "steps": steps, "wall_s": time.perf_counter() - start,
+            "minibatches": cfg.train.minibatches,
+            "curve": [[int(e["step"]), e["eval/accuracy"]] for e in trainer.evals],
+            "critic_ev": [h["critic/explained_var"] for h in trainer.history], **summary.model_dump()}
+
+
+def t90(curve: list[list[float]]) -> tuple[float, int | None]:
+    """(gain, first step where the 3-eval moving average reaches start + 0.9 × gain); gain = best moving
+    average − the accuracy at step 0."""
+    steps = [s for s, _ in curve]
+    acc = [a for _, a in curve]
+    smooth = [statistics.mean(acc[max(0, i - 1):i + 2]) for i in range(len(acc))]
+    gain = max(smooth) - acc[0]
+    if gain <= 0:
+        return gain, None
+    return gain, next(s for s, v in zip(steps, smooth) if v >= acc[0] + 0.9 * gain)
+
+
+def verdict(rows: list[dict]) -> dict[str, object]:
+    gains, times = zip(*(t90(r["curve"]) for r in rows))
+    kl = statistics.mean(r["kl_step_mean"] for r in rows)
+    warm_ev = statistics.mean(r["critic_warmup_explained_var"] for r in rows)
+    run_ev = statistics.mean(statistics.mean(r["critic_ev"]) for r in rows)
+    t90s = [t for t in times if t is not None]
+    checks = {"learns": min(gains) >= MIN_GAIN,
+              "slow enough": bool(t90s) and len(t90s) == len(rows) and min(t90s) >= MIN_T90,
+              "per-step KL in range": KL_RANGE[0] <= kl <= KL_RANGE[1],
+              "critic": warm_ev >= MIN_WARMUP_EV and run_ev >= 0.0}
+    return {"start": statistics.mean(r["curve"][0][1] for r in rows),
+            "final": statistics.mean(r["final_accuracy"] for r in rows), "gain": statistics.mean(gains),
+            "t90": t90s, "kl": kl, "warm_ev": warm_ev, "run_ev": run_ev, "checks": checks,
+            "passes": all(checks.values()), "cpu_min": sum(r["wall_s"] for r in rows) / 60}
+
+
+def table(results: list[dict], candidates: list[str]) -> str:
+    lines = ["| candidate | overrides | seeds | acc step 0 → final | gain | t90 (versions) | KL(π_v‖π_v+1)/token | "
+             "critic EV warm-up / run | learns | slow enough | KL in range | critic | passes | CPU-min |",
+             "|" + "---|" * 15]
+    for c in candidates:
+        rows = [r for r in results if r["candidate"] == c]
+        if not rows:
+            continue
+        v = verdict(rows)
+        ok = v["checks"]
+        lines.append(f"| {c} | `{CANDIDATES[c] or 'none'}` | {len(rows)} | {v['start']:.2f} → {v['final']:.2f} | "
+                     f"{v['gain']:.2f} | {', '.join(str(t) for t in v['t90']) or '—'} | {v['kl']:.1e} | "
+                     f"{v['warm_ev']:.2f} / {v['run_ev']:.2f} | "
+                     + " | ".join("yes" if ok[k] else "no" for k in ok)
+                     + f" | **{'yes' if v['passes'] else 'no'}** | {v['cpu_min']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="results file (default data/bench/regime.jsonl)")
+    args = parser.parse_args()
+    from infra.checkpoints import cached_warm_start
+    from infra.settings import data_dir
+
+    cache = data_dir() / "cache"
+    out = args.out or data_dir() / "bench" / "regime.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    have = {(r["candidate"], r["seed"], r["steps"]) for r in done}
+    for c in args.candidates:  # once per warm-start key, before workers race for it
+        cached_warm_start(run_config(c, 0, args.steps), cache)
+    jobs = [(c, s) for c in args.candidates for s in range(args.seeds) if (c, s, args.steps) not in have]
+    results = [r for r in done if r["steps"] == args.steps and r["seed"] < args.seeds]
+    with ProcessPoolExecutor(args.workers) as pool, out.open("a") as sink:
+        futures = [pool.submit(one_run, c, s, args.steps, str(cache)) for c, s in jobs]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="calibration runs", unit="run"):
+            row = f.result()
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            results.append(row)
+    print(f"k = 0, sync_ppo, {args.steps} steps, critic {CRITIC}; results in {out}")
+    print(table(results, args.candidates))
+
+
+if __name__ == "__main__":
+    main()
