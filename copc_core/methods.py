@@ -199,7 +199,7 @@ def method_spec(
                                   ("tau_advantage", tau_advantage, row.default_tau_advantage)):
         if given is not None and default is None:
             raise ValueError(f"method {name!r} has no {label}; methods with one: "
-                             f"{', '.join(n for n, p in METHODS.items() if _has(p, label))}")
+                             f"{', '.join(n for n, p in METHODS.items() if has_band(p, label))}")
     tp = tau_policy if tau_policy is not None else row.default_tau_policy
     ta = tau_advantage if tau_advantage is not None else row.default_tau_advantage
     policy, advantage = row.build(tp, ta)
@@ -208,7 +208,8 @@ def method_spec(
     return MethodSpec(name=name, policy=policy, advantage=advantage, on_policy=row.on_policy)
 
 
-def _has(row: Preset, label: str) -> bool:
+def has_band(row: Preset, label: str) -> bool:
+    """Whether the registry row has the band `label` (tau_policy | tau_advantage)."""
     return (row.default_tau_policy if label == "tau_policy" else row.default_tau_advantage) is not None
 
 

@@ -130,6 +130,8 @@ def train(
     run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
     runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI the run is logged to (default: "
+                                                            "$MLFLOW_TRACKING_URI or SQLite under the data folder)"),
     ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
     preset: Optional[str] = typer.Option(None, help="run preset (base config): embedded-default | embedded-search | "
                                                     "scale-out-qwen2.5-0.5b | scale-out-qwen2.5-1.5b-search"),
@@ -172,9 +174,10 @@ def train(
         _fail(f"{err} (this run needs a GPU machine; --device cpu runs it here, slowly)")
     from tqdm import tqdm
 
-    from infra.local_run import train_in_process, train_on_ray
+    from infra.local_run import train_and_track
     from infra.settings import data_dir
 
+    _servers_up(tracking_uri)
     root = data_dir()
     run_dir = run_dir or root / "runs" / cfg.config_hash()
     t = cfg.train
@@ -217,12 +220,9 @@ def train(
     from infra.checkpoints import CheckpointError
 
     try:
-        if runtime == "ray" or ray_address:
-            summary = train_on_ray(cfg, run_dir, root / "cache", ray_address, resume=resume, on_step=on_step,
-                                   on_warm_start=on_warm)
-        else:
-            summary = train_in_process(cfg, run_dir, root / "cache", resume=resume, on_step=on_step,
-                                       on_warm_start=on_warm, on_critic_warmup=on_critic_warmup)
+        summary, run_dir, run_id = train_and_track(cfg, root, runtime, run_dir, tracking_uri, ray_address, resume,
+                                                   on_step=on_step, on_warm_start=on_warm,
+                                                   on_critic_warmup=on_critic_warmup)
     except CheckpointError as err:
         _fail(str(err))
     if bar is not None:
@@ -230,6 +230,7 @@ def train(
     typer.echo(json.dumps(summary.model_dump(), indent=2))
     typer.echo(f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
                f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}")
+    typer.echo(f"MLflow run {run_id} (kind train) in {tracking_uri or 'the data folder'}; files in {run_dir}")
 
 
 @app.command()
@@ -273,23 +274,87 @@ def hf_tiny(
     typer.echo(f"tiny HF model for {task} in {out}; train it with: copc train --hf-model {out} --task {task}")
 
 
+def _ints(text: Optional[str], option: str) -> Optional[list[int]]:
+    """'0,4,16' → [0, 4, 16]; integers only."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        _fail(f"{option} takes comma-separated integers, got {text!r}")
+
+
+def _swept_methods(text: str) -> list[dict]:
+    """'copc,copc[behavior],async_ppo' → SweptMethod fields (a reading of the anchor in brackets)."""
+    out = []
+    for part in text.split(","):
+        name, _, rest = part.strip().partition("[")
+        entry: dict = {"name": name}
+        if rest:
+            if not rest.endswith("]"):
+                _fail(f"--methods: {part!r} is not NAME or NAME[ANCHOR]")
+            entry["anchor"] = rest[:-1]
+        out.append(entry)
+    return out
+
+
+def _space_with_axes(space, methods: Optional[str], tau_policy: Optional[str], tau_advantage: Optional[str],
+                     staleness: Optional[str], seeds: Optional[str], steps: Optional[int]):
+    """The space with the axes given as flags replaced; band flags apply to every method that has the band."""
+    from copc_core.methods import has_band, preset
+    from sweeps.space import BANDS, SweepSpace
+
+    data = space.model_dump(mode="json")
+    if methods is not None:
+        data["methods"] = _swept_methods(methods)
+    for band, text, option in zip(BANDS, (tau_policy, tau_advantage), ("--tau-policy", "--tau-advantage")):
+        values = _floats(text, option)
+        if values is None:
+            continue
+        takers = [m for m in data["methods"] if m["name"] in _known_methods() and has_band(preset(m["name"]), band)]
+        if not takers:
+            _fail(f"{option} given, but no method of the sweep has that band")
+        for m in takers:
+            m[band] = values
+    for key, value in (("staleness", _ints(staleness, "--staleness")), ("seeds", _ints(seeds, "--seeds")),
+                       ("steps", steps)):
+        if value is not None:
+            data[key] = value
+    return SweepSpace.model_validate(data)
+
+
+def _known_methods() -> list[str]:
+    from copc_core.methods import method_names
+
+    return method_names()
+
+
 @app.command()
 def sweep(
     name: Optional[str] = typer.Option(None, help="study / MLflow parent-run name (rerun to resume; default: "
                                                   "the preset's name)"),
-    preset: str = typer.Option("embedded-default", help="sweep preset: embedded-default | claims-tool-math | "
-                                                        "claims-search (space + base config)"),
+    preset: str = typer.Option("embedded-default", help="sweep preset (space + base config): "
+                                                        "embedded-default | claims-tool-math | claims-search"),
     task: Optional[str] = typer.Option(None, help="built-in task of the base config: tool_math | search"),
     space_file: Optional[pathlib.Path] = typer.Option(None, "--space", help="a SweepSpace JSON file (replaces the "
-                                                                             "preset's space)"),
+                                                                             "preset's space; the flags below override it)"),
+    methods: Optional[str] = typer.Option(None, help="methods axis, comma-separated, a reading in brackets: "
+                                                     "copc,copc[behavior],async_ppo,tis (see `copc methods`)"),
+    tau_policy: Optional[str] = typer.Option(None, help="τ_p values of every method with a τ_p, e.g. 1.5,2,4,inf"),
+    tau_advantage: Optional[str] = typer.Option(None, help="τ_a values of every method with a τ_a, e.g. 1,1.25,2"),
+    staleness: Optional[str] = typer.Option(None, help="staleness levels, e.g. 0,4,16 (lags k in versions)"),
+    seeds: Optional[str] = typer.Option(None, help="seeds, e.g. 0,1,2"),
     steps: Optional[int] = typer.Option(None, help="learner steps per trial"),
+    max_parallel: Optional[int] = typer.Option(None, min=1, max=4096, help="trials at once (default: one per CPU)"),
     config: Optional[pathlib.Path] = typer.Option(None, help="base RunConfig JSON (the grid overrides it)"),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder)"),
     tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI "
                                                             "or SQLite under the data folder)"),
-    sampler: str = typer.Option("grid", help="grid | tpe"),
+    sampler: str = typer.Option("grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"),
 ) -> None:
-    """Joint sweep over (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs."""
+    """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
+
+    Files go under the data folder: $COPC_DATA_DIR, default ./data."""
     from sweeps.presets import sweep_preset
     from sweeps.space import SweepSpace
 
@@ -305,27 +370,35 @@ def sweep(
     try:
         TypeAdapter(SweepName).validate_python(name)
         space = SweepSpace.model_validate_json(_read_text(space_file)) if space_file else preset_space
-        if steps is not None:
-            space = SweepSpace.model_validate({**space.model_dump(), "steps": steps})
+        space = _space_with_axes(space, methods, tau_policy, tau_advantage, staleness, seeds, steps)
     except ValidationError as err:
         _fail(("--name: " if err.title != "SweepSpace" else "") + _validation_message(err))
+    except ValueError as err:  # an unknown method named in --methods
+        _fail(str(err))
     if sampler not in ("grid", "tpe"):
         _fail(f"--sampler must be grid or tpe, got {sampler!r}")
     base = build_run_config(config, {}, task, base=preset_base)
     try:
-        space.run_config(base, space.grid()[0])
+        for m in space.methods:  # every method's first point builds a valid config on this base
+            space.run_config(base, next(p for p in space.grid() if p["method"] == m.key))
     except ValidationError as err:
         _fail(_validation_message(err))
     _servers_up(tracking_uri)
     from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
 
     params = SweepParams.model_validate({"name": name, "space": space, "base": base, "storage": storage,
-                                         "tracking_uri": tracking_uri, "sampler": sampler}, context=LOCAL_CALLER)
-    with _prefect_api():
-        result = copc_sweep(params)
-    typer.echo(result["table"])
-    if result["best_params"] is not None:
-        typer.echo(f"best: {result['best_params']} → {result['best_value']:.3f}")
+                                         "tracking_uri": tracking_uri, "sampler": sampler,
+                                         "max_parallel": max_parallel}, context=LOCAL_CALLER)
+    from sweeps.study import StudyFormatError
+
+    try:
+        with _prefect_api():
+            result = copc_sweep(params)
+    except StudyFormatError as err:
+        _fail(str(err))
+    # the per-cell table went to the flow's log (on this console too)
+    if result["best_point"] is not None:
+        typer.echo(f"best: {result['best_point']} → {result['best_value']:.3f}")
     typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
                f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else ""))
     typer.echo(f"HTML report: {result['report']}")

@@ -7,7 +7,7 @@ parameter form generated from the pydantic models below.
 from __future__ import annotations
 
 import pathlib
-from typing import Optional
+from typing import Literal, Optional
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -41,7 +41,7 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: RunConfig = Field(default_factory=RunConfig)
-    runtime: str = Field("inprocess", pattern="^(inprocess|ray)$")
+    runtime: Literal["inprocess", "ray"] = "inprocess"
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
@@ -55,7 +55,8 @@ class SweepParams(BaseModel):
     base: RunConfig = Field(default_factory=RunConfig)
     storage: Optional[str] = None
     tracking_uri: Optional[str] = None
-    sampler: str = Field("grid", pattern="^(grid|tpe)$")
+    sampler: Literal["grid", "tpe"] = "grid"
+    max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
@@ -108,41 +109,87 @@ def publish_markdown(key: str, markdown: str, description: str) -> None:
 
 @flow(name="copc-train")
 def copc_train(params: TrainParams) -> dict:
-    from infra.local_run import train_in_process, train_on_ray
+    """One training run (in process or on Ray), logged to MLflow as a run of kind `train`."""
+    from prefect.runtime import flow_run
 
-    data = _data(params.data_dir)
-    run_dir = data / "runs" / params.config.config_hash()
-    runner = train_on_ray if params.runtime == "ray" else train_in_process
-    summary = runner(params.config, run_dir, data / "cache")
-    publish_markdown("copc-train-summary", f"### Run {params.config.config_hash()}\n\n```\n"
-                     f"{summary.model_dump_json(indent=2)}\n```\n\nfiles: `{run_dir}`", "run summary")
-    return summary.model_dump()
+    from infra.local_run import train_and_track
+
+    summary, run_dir, run_id = train_and_track(params.config, _data(params.data_dir), params.runtime,
+                                               tags={"prefect_flow_run_id": str(flow_run.get_id())})
+    s = summary
+    publish_markdown("copc-train-summary", f"### Run {params.config.config_hash()}\n\nheld-out accuracy: warm start "
+                     f"{s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} (peak {s.peak_accuracy:.3f})"
+                     f"{' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}\n\nMLflow run `{run_id}`; "
+                     f"files: `{run_dir}`\n\n```\n{s.model_dump_json(indent=2)}\n```", "run summary")
+    return summary.model_dump() | {"mlflow_run_id": run_id, "run_dir": str(run_dir)}
 
 
 @flow(name="copc-sweep")
 def copc_sweep(params: SweepParams) -> dict:
-    from flows.sweep_job import grid_table, run_sweep
+    """Run a sweep (every trial's line in this flow run's log), publish its table as an artifact with
+    links to the MLflow runs and the report, and build the report."""
+    from flows.sweep_job import grid_table, run_sweep, sweep_rows
+    from reports.build import mlflow_ui_for
+    from reports.frames import run_url
 
     logger = get_run_logger()
     result = run_sweep(params.space, params.name, params.base, _data(params.data_dir), params.storage,
-                       params.tracking_uri, params.sampler)
-    table = grid_table(result["study"], params.space)
+                       params.tracking_uri, params.sampler, params.max_parallel, progress=logger)
+    table = grid_table(result.study, params.space)
     logger.info("\n%s", table)
-    best = result["best"]
-    runs = [f"| {o['params']} | {o['state']} | {o.get('value', '')} | {o.get('mlflow_run_id', '')} |"
-            for o in result["outcomes"]]
-    publish_markdown("copc-sweep", f"### Sweep {params.name}\n\n```\n{table}\n```\n\nbest: {best.params if best else None}"
-                     f"\n\nMLflow `{result['tracking_uri']}`, parent run `{result['parent_run_id']}`; Optuna "
-                     f"`{result['storage']}`\n\n| params | state | value | MLflow run |\n|---|---|---|---|\n" + "\n".join(runs),
-                     "joint sweep")
-    # these values passed SweepParams' own checks already
-    report = copc_report(ReportParams.model_validate({"sweeps": [params.name], "tracking_uri": result["tracking_uri"],
+    report = copc_report(ReportParams.model_validate({"sweeps": [params.name], "tracking_uri": result.tracking_uri,
                                                       "data_dir": params.data_dir}, context=LOCAL_CALLER))
-    return {"parent_run_id": result["parent_run_id"], "trials": len(result["outcomes"]), "table": table,
-            "report": report["path"],
-            "failed": sum(o["state"] == "FAIL" for o in result["outcomes"]), "storage": result["storage"],
-            "tracking_uri": result["tracking_uri"],
-            "best_value": best.value if best else None, "best_params": best.params if best else None}
+    ui = mlflow_ui_for(result.tracking_uri)
+    experiment = _experiment_of(result)
+    best = result.best
+    publish_markdown("copc-sweep", _sweep_markdown(params, result, sweep_rows(result.study, params.space), report["path"],
+                                                   ui, experiment, run_url), "joint sweep")
+    return {"parent_run_id": result.parent_run_id, "trials": len(result.outcomes), "table": table,
+            "report": report["path"], "failed": result.failed, "storage": result.storage,
+            "tracking_uri": result.tracking_uri, "best_value": best.value if best else None,
+            "best_point": _point_text(best) if best else None}
+
+
+def _experiment_of(result) -> str:
+    from infra.tracking import Tracker
+
+    return Tracker(result.tracking_uri).experiment_id
+
+
+def _point_text(trial) -> str:
+    from sweeps.space import point_label
+    from sweeps.study import trial_point
+
+    return point_label(trial_point(trial))
+
+
+def _fmt(v) -> str:
+    return "—" if v is None or v != v else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def _sweep_markdown(params: SweepParams, result, rows: list[dict], report: str, ui: str, experiment: str,
+                    run_url) -> str:
+    """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
+    a link to its MLflow run, and where the report is."""
+    from sweeps.space import point_label
+
+    best = result.best
+    lines = [f"### Sweep {params.name}", "",
+             f"best: **{_point_text(best)}** → {best.value:.3f}" if best else "best: none finished", "",
+             f"report: `{report}` (also the artifact `report/` of the [parent run]"
+             f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`", "",
+             "| method | τ_p | τ_a | k | seeds | objective mean | sd | final mean | sd | collapsed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {_fmt(r['tau_policy'])} | {_fmt(r['tau_advantage'])} | {r['staleness']} | {r['seeds']} | "
+              f"{_fmt(r['objective_mean'])} | {_fmt(r['objective_sd'])} | {_fmt(r['final_mean'])} | {_fmt(r['final_sd'])} | "
+              f"{r['collapsed']}/{r['seeds']} |" for r in rows]
+    lines += ["", "Trials run by this flow run:", "", "| trial | state | objective | MLflow run |", "|---|---|---|---|"]
+    for o in result.outcomes:
+        run_id = o.result.mlflow_run_id if o.result else ""
+        link = f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else "—"
+        lines.append(f"| {point_label(o.point, params.space.schedule)} | {o.state} | "
+                     f"{_fmt(o.value) if o.state == 'COMPLETE' else o.reason[:200]} | {link} |")
+    return "\n".join(lines)
 
 
 @flow(name="copc-report")

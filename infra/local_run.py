@@ -110,3 +110,37 @@ def train_on_ray(
         trainer.shutdown()
     _finish_run_dir(run_dir, summary, trainer.history, trainer.evals, trainer.warmup)
     return summary
+
+
+def train_and_track(config: RunConfig, data: pathlib.Path, runtime: str = "inprocess", run_dir: pathlib.Path | None = None,
+                    tracking: str | None = None, address: str | None = None, resume: bool = True,
+                    tags: dict[str, str] | None = None, on_step: Callable | None = None,
+                    on_warm_start: Callable[[int, int, float], None] | None = None,
+                    on_critic_warmup: Callable[[int, int, dict[str, float]], None] | None = None,
+                    ) -> tuple[RunSummary, pathlib.Path, str]:
+    """One training run as `copc train` and the `copc-train` flow start it: the run folder (default
+    `<data>/runs/<config hash>`), the runner (in process, or the Ray runtime when `runtime` is ray or an
+    `address` is given), then one MLflow run (kind `train`) with the config, every step's metrics and
+    the summary, tagged with the machine and `tags`. Returns (summary, run folder, MLflow run id)."""
+    from copc_core.results import TrialResult
+    from infra.local_stack import require_servers
+    from infra.tracking import Tracker, machine_tags, tracking_uri
+
+    uri = tracking_uri(data, tracking)
+    require_servers(uri, prefect=False)  # a configured MLflow server that is down: said before training
+    run_dir = pathlib.Path(run_dir) if run_dir else data / "runs" / config.config_hash()
+    ray = runtime == "ray" or address is not None
+    if ray:
+        summary = train_on_ray(config, run_dir, data / "cache", address, resume=resume, on_step=on_step,
+                               on_warm_start=on_warm_start)
+    else:
+        summary = train_in_process(config, run_dir, data / "cache", resume=resume, on_step=on_step,
+                                   on_warm_start=on_warm_start, on_critic_warmup=on_critic_warmup)
+    records = json.loads((run_dir / "history.json").read_text())
+    t = config.train
+    lag = f"eta={t.eta}" if t.eta is not None else f"k={t.staleness}"
+    result = TrialResult(summary, records["steps"], records["evals"], "ray" if ray else "inprocess")
+    run_id = Tracker(uri, artifact_dir=data / "mlartifacts").log_trial(
+        None, None, f"train {config.method.name} {lag} s={t.seed}", config, result,
+        tags={**machine_tags(), "run_dir": str(run_dir), **(tags or {})})
+    return summary, run_dir, run_id

@@ -9,6 +9,7 @@ import pathlib
 import ray
 
 from copc_core.config import RunConfig
+from copc_core.results import TrialResult
 
 
 @ray.remote(num_cpus=1, max_retries=0)
@@ -43,16 +44,24 @@ def _train_bounded(config: RunConfig, cache_dir: pathlib.Path) -> dict:
     return {"summary": summary.model_dump(), "history": trainer.history, "evals": trainer.evals, "runtime": BOUNDED}
 
 
-def run_trials(configs: list[RunConfig], cache_dir: pathlib.Path, on_done=None) -> list[dict | BaseException]:
+def run_trials(configs: list[RunConfig], cache_dir: pathlib.Path, on_done=None,
+               max_parallel: int | None = None) -> list[TrialResult | BaseException]:
     """Train every config; a failed trial yields its exception in place of a result.
 
-    Controlled-lag trials go out as Ray tasks at once; bounded-staleness ones (`train.eta`) run here one
-    after another, and the tasks' results are reported between them as they arrive.
+    Controlled-lag trials go out as Ray tasks, at most `max_parallel` at a time (default: as many as Ray
+    has CPUs for); bounded-staleness ones (`train.eta`) run here one after another, and the tasks'
+    results are reported between them as they arrive.
     """
-    tasks = {i: c for i, c in enumerate(configs) if c.train.eta is None}
+    queue = [i for i, c in enumerate(configs) if c.train.eta is None]
     bounded = [i for i, c in enumerate(configs) if c.train.eta is not None]
-    refs = {_train_trial.remote(c.model_dump_json(), str(cache_dir)): i for i, c in tasks.items()}
-    results: list[dict | BaseException | None] = [None] * len(configs)
+    limit = max_parallel or len(queue) or 1
+    refs: dict = {}
+    results: list[TrialResult | BaseException | None] = [None] * len(configs)
+
+    def submit() -> None:
+        while queue and len(refs) < limit:
+            i = queue.pop(0)
+            refs[_train_trial.remote(configs[i].model_dump_json(), str(cache_dir))] = i
 
     def finish(i: int, outcome) -> None:
         results[i] = outcome
@@ -60,21 +69,23 @@ def run_trials(configs: list[RunConfig], cache_dir: pathlib.Path, on_done=None) 
             on_done(i, outcome)
 
     def collect(block: bool) -> None:
+        submit()
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=None if block else 0)
             if not ready:
                 return
             i = refs.pop(ready[0])
             try:
-                outcome = ray.get(ready[0])
+                outcome = TrialResult.from_run(ray.get(ready[0]))
             except Exception as err:  # recorded as the trial's FAIL reason by the caller, never swallowed
                 outcome = err
             finish(i, outcome)
+            submit()
 
     for i in bounded:
         collect(block=False)
         try:
-            outcome = _train_bounded(configs[i], cache_dir)
+            outcome = TrialResult.from_run(_train_bounded(configs[i], cache_dir))
         except Exception as err:  # as for a task: the trial fails with its reason, the sweep goes on
             outcome = err
         finish(i, outcome)

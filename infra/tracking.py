@@ -11,16 +11,22 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 import re
 import time
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from copc_core.stability import RunSummary
+
 if TYPE_CHECKING:  # only for annotations: the reports read runs through this module and import no torch
     from copc_core.config import RunConfig
+    from copc_core.results import TrialResult
 
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _BATCH = 900  # MLflow accepts up to 1000 metrics per log_batch call
 _KEY = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
@@ -55,6 +61,9 @@ class Tracker:
         found = self.client.get_experiment_by_name(experiment)
         location = pathlib.Path(artifact_dir).resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment, location)
+        if not found or EXPERIMENT_KIND[0] not in found.tags:
+            # MLflow 3 opens an experiment without this tag in GenAI mode (a Traces page, no runs table)
+            self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
 
     def parent_run(self, sweep_name: str, params: dict[str, Any]) -> str:
         """The sweep's parent run id (reused when the sweep is resumed)."""
@@ -66,21 +75,23 @@ class Tracker:
         self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v[:6000]) for k, v in flatten(params).items()])
         return run.info.run_id
 
-    def log_trial(self, parent_id: str, sweep_name: str, run_name: str, config: RunConfig, summary: dict[str, Any],
-                  history: list[dict[str, float]], evals: list[dict[str, float]], objective: float | None = None,
-                  runtime: str = "inprocess") -> str:
-        """One child run with everything the reports read; returns its run id.
+    def log_trial(self, parent_id: str | None, sweep_name: str | None, run_name: str, config: RunConfig,
+                  result: TrialResult, label: str | None = None, tags: dict[str, str] | None = None) -> str:
+        """One run with everything the reports read; returns its run id. A trial of a sweep is a child
+        of the sweep's parent run; a single `copc train` run (`parent_id` None) is a run of its own.
 
         Besides the numeric summary fields (`summary/*`), the early-warning step lists go in as counts
         (`summary/ess_drop_count`, `summary/grad_spike_count`) and as tags, the sweep's objective as
-        `summary/objective`, the runner as the `runtime` tag.
+        `summary/objective`, the runner as the `runtime` tag, the method's key in the sweep (`label`) as the
+        `method` tag, and `tags` (the machine) as given.
         """
-        warnings = {"ess_drop_steps": summary.get("ess_drop_steps") or [],
-                    "grad_norm_spike_steps": summary.get("grad_norm_spike_steps") or []}
+        summary = result.summary
+        warnings = {"ess_drop_steps": summary.ess_drop_steps, "grad_norm_spike_steps": summary.grad_norm_spike_steps}
+        kind = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial"} if parent_id else \
+            {"copc_kind": "train"}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
-            "mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial",
-            "config_hash": config.config_hash(), "method": config.method.name, "runtime": runtime,
-            "collapse_reason": str(summary.get("collapse_reason")),
+            **kind, "config_hash": config.config_hash(), "method": label or config.method.name,
+            "runtime": result.runtime, "collapse_reason": str(summary.collapse_reason), **(tags or {}),
             **{k: json.dumps(v)[:5000] for k, v in warnings.items()}})
         run_id = run.info.run_id
         params = [Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()]
@@ -88,40 +99,40 @@ class Tracker:
         self.client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
         now = int(time.time() * 1000)
         metrics = [Metric(sanitize_key(k), float(v), now, int(rec["step"]))
-                   for rec in history + evals for k, v in rec.items() if k != "step"]
-        metrics += [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.items()
+                   for rec in result.history + result.evals for k, v in rec.items() if k != "step"]
+        metrics += [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.model_dump().items()
                     if isinstance(v, (int, float, bool)) and v is not None]
         metrics += [Metric("summary/ess_drop_count", float(len(warnings["ess_drop_steps"])), now, 0),
                     Metric("summary/grad_spike_count", float(len(warnings["grad_norm_spike_steps"])), now, 0)]
-        if objective is not None:
-            metrics.append(Metric("summary/objective", float(objective), now, 0))
+        if result.objective is not None:
+            metrics.append(Metric("summary/objective", float(result.objective), now, 0))
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
-        self.client.set_terminated(run_id, "FAILED" if summary.get("collapsed") and summary.get("collapse_reason") == "non_finite" else "FINISHED")
+        self.client.set_terminated(run_id, "FAILED" if summary.collapse_reason == "non_finite" else "FINISHED")
         return run_id
 
-    def logged_trials(self, parent_id: str) -> dict[str, dict[str, Any]]:
-        """The finished, scored child runs of a sweep's parent, by config hash: {"mlflow_run_id", "summary",
-        "runtime"} (the summary's numbers as logged, `collapsed` as a bool)."""
+    def logged_trials(self, parent_id: str) -> dict[str, TrialResult]:
+        """The finished, scored child runs of a sweep's parent, by config hash (summary as logged; no curves)."""
+        from copc_core.results import TrialResult
+
         runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and "
                                        "attributes.status = 'FINISHED'", max_results=50_000)
         out = {}
         for r in runs:
             metrics, tags = r.data.metrics, r.data.tags
-            if "summary/objective" not in metrics or "config_hash" not in tags:
+            if "summary/objective" not in metrics or "config_hash" not in tags or tags["config_hash"] in out:
                 continue
-            summary = {k[len("summary/"):]: v for k, v in metrics.items() if k.startswith("summary/")}
-            summary["collapsed"] = summary.get("collapsed", 0.0) > 0.5
-            out.setdefault(tags["config_hash"], {"mlflow_run_id": r.info.run_id, "summary": summary,
-                                                 "runtime": tags.get("runtime", "?"), "recovered": True})
+            out[tags["config_hash"]] = TrialResult(logged_summary(metrics, tags), runtime=tags.get("runtime", "?"),
+                                                   objective=metrics["summary/objective"],
+                                                   mlflow_run_id=r.info.run_id, recovered=True)
         return out
 
     def log_failed_trial(self, parent_id: str, sweep_name: str, run_name: str, reason: str,
-                         config: RunConfig | None = None) -> str:
+                         config: RunConfig | None = None, label: str | None = None) -> str:
         """A trial that raised: its config as params (so reports place it in the grid) and the reason."""
         tags = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial", "fail_reason": reason[:5000]}
         if config is not None:
-            tags |= {"config_hash": config.config_hash(), "method": config.method.name}
+            tags |= {"config_hash": config.config_hash(), "method": label or config.method.name}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         if config is not None:
             self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v) for k, v in
@@ -129,14 +140,65 @@ class Tracker:
         self.client.set_terminated(run.info.run_id, "FAILED")
         return run.info.run_id
 
-    def finish_parent(self, parent_id: str, metrics: dict[str, float]) -> None:
+    def finish_parent(self, parent_id: str, metrics: dict[str, float], table: list[dict[str, Any]] | None = None) -> None:
+        """Close a sweep's parent run: its metrics, and the per-cell summary `table` as the run's
+        description (a Markdown table, shown on the run's page) and as `sweep_summary.json`."""
         now = int(time.time() * 1000)
         self.client.log_batch(parent_id, metrics=[Metric(sanitize_key(k), float(v), now, 0) for k, v in metrics.items()])
+        if table:
+            self.client.set_tag(parent_id, "mlflow.note.content", markdown_table(table)[:60_000])
+            self.client.log_dict(parent_id, {"cells": table}, "sweep_summary.json")
         self.client.set_terminated(parent_id, "FINISHED")
 
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
         self.client.log_artifact(parent_id, str(path), "report")
+
+
+def logged_summary(metrics: dict[str, float], tags: dict[str, str]) -> RunSummary:
+    """A run's `RunSummary` from what `Tracker.log_trial` logged (numbers as metrics, lists as tags)."""
+    fields = RunSummary.model_fields
+    data: dict[str, Any] = {k: metrics.get(f"summary/{k}") for k in fields}
+    data["collapsed"] = (metrics.get("summary/collapsed") or 0.0) > 0.5
+    reason = tags.get("collapse_reason")
+    data["collapse_reason"] = None if reason in (None, "None") else reason
+    for k in ("ess_drop_steps", "grad_norm_spike_steps"):
+        data[k] = json.loads(tags.get(k, "[]"))
+    for k in ("steps_completed", "collapse_step", "collapse_step_train"):
+        data[k] = None if data[k] is None else int(data[k])
+    return RunSummary.model_validate(data)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Rows of a sweep's summary as a Markdown table (numbers to 3 decimals, None as —)."""
+    def cell(v: Any) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return "—"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    head = list(rows[0])
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows])
+
+
+def machine_tags() -> dict[str, str]:
+    """What a run was measured on: CPU model and count, OS, Python and the library versions."""
+    cpu = platform.processor() or "?"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for lib in ("torch", "ray", "mlflow", "optuna", "transformers"):
+        try:
+            versions[f"machine.{lib}"] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[f"machine.{lib}"] = "absent"
+    return {"machine.cpu": cpu, "machine.cores": str(os.cpu_count()), "machine.os": platform.platform(),
+            "machine.python": platform.python_version(), **versions}
 
 
 def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment: str = "copc") -> dict[str, Any]:

@@ -23,6 +23,21 @@ def mlflow_ui_for(tracking_uri: str, mlflow_ui: str | None = None) -> str:
     return tracking_uri if tracking_uri.startswith(("http://", "https://")) else DEFAULT_MLFLOW_UI
 
 
+def write_plotly_beside(page: pathlib.Path) -> pathlib.Path:
+    """plotly.js once per folder of reports (written when missing or of another plotly version)."""
+    from plotly.offline import get_plotlyjs
+
+    from reports.html import PLOTLY_FILE
+
+    path = page.parent / PLOTLY_FILE
+    text = get_plotlyjs()
+    if not path.exists() or path.stat().st_size != len(text.encode("utf-8")):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
 def build_report(tracking_uri: str, sweeps: list[str], out: pathlib.Path, mlflow_ui: str | None = None,
                  baseline: str = "async_ppo", log_artifact: bool = True) -> pathlib.Path:
     if not sweeps:
@@ -37,11 +52,13 @@ def build_report(tracking_uri: str, sweeps: list[str], out: pathlib.Path, mlflow
         baseline=baseline)
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    plotly = write_plotly_beside(out)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(data), encoding="utf-8")
+    tmp.write_text(render(data, plotly.name), encoding="utf-8")
     os.replace(tmp, out)
     if log_artifact:
         tracker = Tracker(tracking_uri)
         for parent in found["parents"]:
             tracker.log_report(parent["run_id"], out)
+            tracker.log_report(parent["run_id"], plotly)  # the report opens from MLflow's artifact store too
     return out

@@ -31,8 +31,19 @@ def _cell_label(tp: float, ta: float) -> str:
     return f"τp={tau(tp)} τa={tau(ta)}"
 
 
-def _colors(cells: list[tuple[float, float]]) -> dict[tuple[float, float], str]:
+def _colors(cells: list[tuple]) -> dict[tuple, str]:
     return {c: _PALETTE[i % len(_PALETTE)] for i, c in enumerate(sorted(set(cells)))}
+
+
+def run_cell(r: Any) -> tuple[str, float, float]:
+    """A run's (method, τ_p, τ_a) cell: its colour and legend entry in the figures across staleness panels."""
+    return (r.method, r.tau_policy, r.tau_advantage)
+
+
+def cell_name(cell: tuple[str, float, float]) -> str:
+    method, tp, ta = cell
+    bands = " ".join(f"{n}={tau(v)}" for n, v in (("τp", tp), ("τa", ta)) if not math.isinf(v))
+    return html.escape(f"{method} {bands}".strip())
 
 
 def tau_grid(g: pd.DataFrame, value: Callable[[Any], float], label: Callable[[Any], str]
@@ -47,26 +58,40 @@ def tau_grid(g: pd.DataFrame, value: Callable[[Any], float], label: Callable[[An
     return tps, tas, z, text
 
 
+OBJECTIVE_RANGE = (-1.0, 1.0)  # accuracy in [0, 1] minus a collapse penalty in [0, 1]: one pinned scale
+
+
 def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     """One heatmap per staleness level: seed-mean objective over (τ_p rows, τ_a columns), annotated
-    with mean ± sd and the number of seeds; one colour scale for all panels."""
+    with mean ± sd, the number of seeds and the collapsed runs. The colour scale is pinned to the
+    objective's whole range (0 at its middle), so an all-collapsed grid never looks good; the best
+    cell of each panel is outlined (every tied cell), and a panel whose runs all collapsed says so."""
     mine = cells[cells["method"] == method]
     ks = sorted(mine["staleness"].unique())
-    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], horizontal_spacing=0.08)
-    zmin, zmax = float(mine["mean"].min()), float(mine["mean"].max())
+    titles = []
+    for k in ks:
+        g = mine[mine["staleness"] == k]
+        titles.append(f"k = {k}" + (" (all collapsed)" if (g["collapse_rate"] >= 1.0).all() else ""))
+    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=titles, horizontal_spacing=0.08)
     for col, k in enumerate(ks, start=1):
         g = mine[mine["staleness"] == k]
         tps, tas, z, text = tau_grid(g, lambda r: r.mean, lambda r: f"{r.mean:.2f}"
-                                     + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}") + f"<br>n={r.n}")
+                                     + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}") + f"<br>n={r.n}"
+                                     + (f"<br>✕ {round(r.collapse_rate * r.n)}/{r.n} collapsed" if r.collapse_rate > 0
+                                        else ""))
         fig.add_trace(go.Heatmap(z=z, x=[tau(v) for v in tas], y=[tau(v) for v in tps], text=text,
-                                 texttemplate="%{text}", zmin=zmin, zmax=zmax, colorscale="Viridis",
-                                 showscale=col == len(ks), colorbar={"title": "objective"},
+                                 texttemplate="%{text}", zmin=OBJECTIVE_RANGE[0], zmax=OBJECTIVE_RANGE[1], zmid=0.0,
+                                 colorscale="RdYlGn", showscale=col == len(ks), colorbar={"title": "objective"},
                                  hovertemplate="τ_p=%{y} τ_a=%{x}<br>%{text}<extra></extra>", name=f"k={k}"),
                       row=1, col=col)
+        best = np.nanmax(z)
+        for i, j in zip(*np.where(np.isclose(z, best, atol=1e-9))):
+            fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5, line={"color": "black", "width": 3},
+                          row=1, col=col)
         fig.update_xaxes(title_text="τ_a", type="category", row=1, col=col)
         fig.update_yaxes(title_text="τ_p", type="category", row=1, col=col)
-    fig.update_layout(title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd)",
-                      height=380, margin={"t": 80})
+    fig.update_layout(title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
+                            "outlined: best at that k, ties all outlined)", height=400, margin={"t": 80})
     return fig
 
 
@@ -132,38 +157,43 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eva
     collapse step. The dotted line shows rise-and-fall episodes shorter than the evaluation interval."""
     ks = sorted(runs["staleness"].unique())
     fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
-    colors = _colors(list(zip(runs["tau_policy"], runs["tau_advantage"])))
+    colors = _colors([run_cell(r) for r in runs.itertuples()])
     data = curves[curves["metric"] == metric]
     train = curves[curves["metric"] == train_metric]
+    shown: set[tuple] = set()
     for col, k in enumerate(ks, start=1):
         for r in runs[runs["staleness"] == k].itertuples():
             pts = data[data["run_id"] == r.run_id].sort_values("step")
             if pts.empty:
                 continue
-            name = html.escape(r.run_name)
-            color = colors[(r.tau_policy, r.tau_advantage)]
-            fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines+markers", name=name,
-                                     legendgroup=name, line={"color": color, "width": 1.5}, marker={"size": 4},
+            cell = run_cell(r)
+            group, name = cell_name(cell), html.escape(r.run_name)
+            color = colors[cell]
+            fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines+markers",
+                                     name=group, legendgroup=group, showlegend=cell not in shown,
+                                     line={"color": color, "width": 1.5}, marker={"size": 4},
                                      hovertemplate=f"{name}<br>held-out, step %{{x}}: %{{y:.3f}}<extra></extra>"),
                           row=1, col=col)
+            shown.add(cell)
             steps = train[train["run_id"] == r.run_id].sort_values("step")
             if not steps.empty:
                 fig.add_trace(go.Scatter(x=steps["step"].tolist(), y=steps["value"].tolist(), mode="lines",
-                                         name=f"{name} (training reward)", legendgroup=name, showlegend=False,
+                                         name=f"{name} (training reward)", legendgroup=group, showlegend=False,
                                          line={"color": color, "width": 1, "dash": "dot"},
                                          hovertemplate=f"{name}<br>training reward, step %{{x}}: %{{y:.3f}}"
                                                        "<extra></extra>"), row=1, col=col)
             if r.collapsed and not math.isnan(r.collapse_step):
                 at = pts.iloc[(pts["step"] - r.collapse_step).abs().argmin()]
                 fig.add_trace(go.Scatter(x=[int(at["step"])], y=[float(at["value"])], mode="markers", showlegend=False,
-                                         legendgroup=name, marker={"symbol": "x", "size": 11, "color": "#d62728"},
+                                         legendgroup=group, marker={"symbol": "x", "size": 11, "color": "#d62728"},
                                          hovertemplate=f"{name}<br>collapsed at step {int(r.collapse_step)} "
                                                        f"({html.escape(r.collapse_reason)})<extra></extra>"),
                               row=1, col=col)
         fig.update_xaxes(title_text="learner step", row=1, col=col)
     fig.update_yaxes(title_text="held-out accuracy · training reward (dotted)", range=[0, 1.02], row=1, col=1)
     fig.update_layout(title="Learning curves: held-out accuracy (solid), training reward of every step (dotted); "
-                            "✕ = collapse", height=420, margin={"t": 80})
+                            "✕ = collapse; one colour and legend entry per cell (click to hide its runs)",
+                      height=460, margin={"t": 80}, legend={"title": {"text": "cell (all seeds, every k panel)"}})
     return fig
 
 
@@ -173,7 +203,8 @@ def diagnostics(runs: pd.DataFrame, curves: pd.DataFrame) -> go.Figure:
     ks = sorted(runs["staleness"].unique())
     titles = [f"{label}, k = {k}" for label, _ in [(lab, key) for key, lab in DIAGNOSTICS] for k in ks]
     fig = make_subplots(rows=len(DIAGNOSTICS), cols=len(ks), subplot_titles=titles, vertical_spacing=0.06)
-    colors = _colors(list(zip(runs["tau_policy"], runs["tau_advantage"])))
+    colors = _colors([run_cell(r) for r in runs.itertuples()])
+    shown: set[tuple] = set()
     for row, (metric, label) in enumerate(DIAGNOSTICS, start=1):
         data = curves[curves["metric"] == metric]
         for col, k in enumerate(ks, start=1):
@@ -181,14 +212,19 @@ def diagnostics(runs: pd.DataFrame, curves: pd.DataFrame) -> go.Figure:
                 pts = data[data["run_id"] == r.run_id].sort_values("step")
                 if pts.empty:
                     continue
-                name = html.escape(r.run_name)
-                fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines", name=name,
-                                         legendgroup=name, showlegend=False,
-                                         line={"color": colors[(r.tau_policy, r.tau_advantage)], "width": 1},
+                cell = run_cell(r)
+                group, name = cell_name(cell), html.escape(r.run_name)
+                fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines", name=group,
+                                         legendgroup=group, showlegend=cell not in shown,
+                                         line={"color": colors[cell], "width": 1},
                                          hovertemplate=f"{name}<br>{label} at step %{{x}}: %{{y:.3g}}<extra></extra>"),
                               row=row, col=col)
-    fig.update_layout(title="Off-policy diagnostics over training (colour = (τ_p, τ_a) cell)",
-                      height=230 * len(DIAGNOSTICS), margin={"t": 80})
+                shown.add(cell)
+            fig.update_xaxes(title_text="learner step", row=row, col=col)
+        fig.update_yaxes(title_text=label, row=row, col=1)
+    fig.update_layout(title="Off-policy diagnostics over training: one row per diagnostic, one column per staleness "
+                            "level, one colour per cell (legend; click to hide)",
+                      height=260 * len(DIAGNOSTICS), margin={"t": 80}, legend={"title": {"text": "cell"}})
     return fig
 
 

@@ -7,7 +7,9 @@ step) (schema `CURVES`). Both are validated against reports/schema.py. A bounded
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 import pandas as pd
@@ -41,6 +43,16 @@ def _int(text: str | None) -> int:
     return int(value) if math.isfinite(value) else -1
 
 
+def _first_warning(tags: dict[str, str]) -> float:
+    steps = []
+    for key in ("ess_drop_steps", "grad_norm_spike_steps"):
+        try:
+            steps += [float(v) for v in json.loads(tags.get(key, "[]"))]
+        except (ValueError, TypeError):  # a list cut short by the tag limit: its first steps still parse below
+            steps += [float(v) for v in re.findall(r"\d+", tags.get(key, ""))[:1]]
+    return min(steps, default=math.nan)
+
+
 def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str) -> pd.DataFrame:
     """One row per trial run that ended (FINISHED, or FAILED with its reason); a run still RUNNING (its
     process died while logging it) is left out, and of several finished runs of one config (one point
@@ -56,7 +68,7 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
             seen.add(config_hash)
         p, m, tags = t["params"], t["metrics"], t["tags"]
         objective = m.get("summary/objective", math.nan)
-        method = p.get("method.name", tags.get("method", "?"))
+        method = tags.get("method") or p.get("method.name", "?")  # the method's key in its sweep (a reading too)
         bounded = p.get("train.eta", "None") != "None"  # the staleness level is the bound η, not a lag k
         rows.append({
             "run_id": t["run_id"], "run_name": t["run_name"], "sweep": t["sweep"], "status": t["status"],
@@ -67,6 +79,7 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
             "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
             "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",
             "fail_reason": tags.get("fail_reason", ""),
+            "first_warning_step": _first_warning(tags),
             "url": run_url(mlflow_ui, experiment_id, t["run_id"]),
             **{k: float(m.get(f"summary/{k}", math.nan)) for k in _SUMMARY},
         })

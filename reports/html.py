@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import analysis, figures
+from reports.claims import claim_tables, has_claims
 from reports.figures import tau
 
 _STYLE = """
@@ -58,7 +59,7 @@ def table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
         body = [f'<tr><td class="l" colspan="{len(columns)}">none</td></tr>']
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def figure_div(fig: go.Figure, div_id: str) -> str:
@@ -70,18 +71,36 @@ def _link(url: str, text: str) -> str:
     return f'<a href="{html.escape(url, quote=True)}">{html.escape(text)}</a>'
 
 
-def _summary(runs: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coupling: pd.DataFrame) -> pd.DataFrame:
+def best_cells(cells: pd.DataFrame) -> str:
+    """The best cell(s) of some cells by seed-mean objective: every tied cell named."""
+    if cells.empty:
+        return "—"
+    top = float(cells["mean"].max())
+    tied = cells[(cells["mean"] - top).abs() < 1e-9]
+    names = [" ".join([r.method] + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage))
+                                     if not math.isinf(v)]) for r in tied.itertuples()]
+    return f"{top:.3f}: " + (names[0] if len(names) == 1 else f"{len(names)} cells tie ({', '.join(names)})")
+
+
+def _best_per_level(cells: pd.DataFrame) -> pd.DataFrame:
+    rows = [{"staleness": k, "best": best_cells(g), "all_collapsed": bool((g["collapse_rate"] >= 1.0).all())}
+            for k, g in cells.groupby("staleness", sort=True)]
+    return pd.DataFrame(rows, columns=["staleness", "best", "all_collapsed"])
+
+
+def _summary(runs: pd.DataFrame, cells: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame,
+             coupling: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (method, k), g in runs.groupby(["method", "staleness"], sort=True):
         scored = g[g["scored"]]
         reg = region[(region["method"] == method) & (region["staleness"] == k)]
+        mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
         itr = inter[(inter["method"] == method) & (inter["staleness"] == k)]
         cpl = coupling[(coupling["method"] == method) & (coupling["staleness"] == k)]
         rows.append({
             "method": method, "staleness": k, "runs": len(g), "failed": int((~g["scored"]).sum()),
             "collapsed": int(scored["collapsed"].sum()),
-            "best": f"τp={tau(reg.iloc[0].best_tau_policy)} τa={tau(reg.iloc[0].best_tau_advantage)}: {reg.iloc[0].best:.3f}"
-            if len(reg) else "—",
+            "best": best_cells(mine),
             "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
             "interaction": (f"{itr.iloc[0].fraction:.2f} [{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
                             if len(itr) else "—"),
@@ -92,7 +111,7 @@ def _summary(runs: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coup
     return pd.DataFrame(rows)
 
 
-def render(data: ReportData) -> str:
+def render(data: ReportData, plotly_src: str | None = None) -> str:
     runs, curves = data.runs, data.curves
     cells = analysis.cell_stats(runs, data.n_boot)
     coupling = analysis.coupling(runs, data.n_boot)
@@ -100,7 +119,7 @@ def render(data: ReportData) -> str:
     region = analysis.high_performing_region(cells)
     methods = analysis.method_comparison(runs, cells)
     times = analysis.step_times(runs, data.baseline)
-    summary = _summary(runs, region, inter, coupling)
+    summary = _summary(runs, cells, region, inter, coupling)
     esc = html.escape
     parts = [f"<h1>{esc(data.title)}</h1>",
              f'<p class="note">generated {datetime.datetime.now().isoformat(timespec="seconds")}; '
@@ -111,7 +130,7 @@ def render(data: ReportData) -> str:
     parts += ["<h2>Summary</h2>", table(summary, [
         ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("runs", "runs", None),
         ("failed", "failed", None), ("collapsed", "collapsed", None), ("seeds", "seeds per cell (min)", None),
-        ("best", "best cell: objective", lambda r: esc(r["best"])),
+        ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
         ("region", "cells within 90 % of best", None),
         ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
         ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"]))], "summary"),
@@ -119,11 +138,25 @@ def render(data: ReportData) -> str:
         "run). Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive "
         "model in τ_p and τ_a cannot explain (0 = no coupling). Intervals: percentile bootstrap over seeds "
         f"({data.n_boot} replicates); cells with one seed have none.</p>"]
+    if not cells.empty:
+        parts += ["<h2>Best per staleness level</h2>", table(_best_per_level(cells), [
+            ("staleness", "k", None),
+            ("best", "best cell over every method: seed-mean objective (ties all named)",
+             lambda r: esc(r["best"]) + (' <b class="bad">(every run at this k collapsed)</b>'
+                                          if r["all_collapsed"] else ""))], "best-per-k")]
+    if has_claims(runs):
+        parts += ["<h2>The paper's claims</h2>", markdown_html(claim_tables(runs, data.n_boot)),
+                  '<p class="note">Methods take roles by their bands in the sweep: two-channel (a grid of ≥ 2 τ_p × ≥ 2 '
+                  "τ_a), single-channel (one band varied), baseline (no band). Scores here are final held-out accuracy; "
+                  "collapse is counted apart. Intervals: percentile bootstrap over seeds.</p>"]
+    gridded = [m for m, g in cells.groupby("method", sort=True) if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1]
     if cells.empty:
         parts.append('<p class="bad">No trial finished training: nothing to plot.</p>')
     else:
         parts.append("<h2>Interaction heatmaps</h2>")
-        for i, method in enumerate(sorted(cells["method"].unique())):
+        if not gridded:
+            parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
+        for i, method in enumerate(gridded):
             parts.append(figure_div(figures.heatmaps(cells, method), f"heatmap-{i}"))
             parts.append(figure_div(figures.interaction_lines(cells, method), f"interaction-{i}"))
         parts.append("<h2>Coupling analysis</h2>")
@@ -168,8 +201,8 @@ def render(data: ReportData) -> str:
         parts.append(figure_div(figures.step_time_bars(times), "step-time"))
     parts += ["<h2>All runs</h2>", table(runs, [
         ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
-        ("sweep", "sweep", lambda r: esc(r["sweep"])), ("status", "status", lambda r: esc(r["status"])),
-        ("tau_policy", "τ_p", None), ("tau_advantage", "τ_a", None), ("staleness", "k", None), ("seed", "seed", None),
+        ("sweep", "sweep", lambda r: esc(r["sweep"])), ("method", "method", lambda r: esc(r["method"])),
+        ("status", "status", lambda r: esc(r["status"])), ("tau_policy", "τ_p", None), ("tau_advantage", "τ_a", None), ("staleness", "k", None), ("seed", "seed", None),
         ("objective", "objective", None), ("final_accuracy", "final", None), ("peak_accuracy", "peak", None),
         ("collapsed", "collapse", lambda r: (f'<span class="bad">step {num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
                                              if r["collapsed"] else "—")),
@@ -178,14 +211,62 @@ def render(data: ReportData) -> str:
         ("critic_explained_var_first", "critic EV at step 1", None), ("kl_step_mean", "KL per step",
                                                                   lambda r: "—" if math.isnan(r["kl_step_mean"])
                                                                   else f"{r['kl_step_mean']:.2g}"),
-        ("ess_drop_count", "ESS drops", None), ("grad_spike_count", "grad spikes", None),
+        ("ess_drop_count", "ESS drops", lambda r: num(r["ess_drop_count"], 0)),
+        ("grad_spike_count", "grad spikes", lambda r: num(r["grad_spike_count"], 0)),
         ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]
-    return page(data.title, parts)
+    return page(data.title, parts, plotly_src)
 
 
-def page(title: str, parts: list[str]) -> str:
-    """The whole document: `title` is escaped here, `parts` are HTML already."""
+PLOTLY_FILE = "plotly.min.js"  # the one copy beside the reports of a folder (no network needed)
+
+_SORT = """
+document.querySelectorAll("table.sortable th").forEach(function (th, col) {
+  th.style.cursor = "pointer"; th.title = "sort";
+  th.addEventListener("click", function () {
+    var body = th.closest("table").tBodies[0], rows = Array.from(body.rows), up = th.dataset.dir !== "up";
+    th.dataset.dir = up ? "up" : "down";
+    var key = function (r) { var t = r.cells[col] ? r.cells[col].innerText.trim() : "";
+      var v = parseFloat(t.replace("\u221e", "Infinity")); return isNaN(v) ? t : v; };
+    rows.sort(function (a, b) { var x = key(a), y = key(b);
+      var c = (typeof x === typeof y) ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === "number" ? -1 : 1);
+      return up ? c : -c; });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+"""
+
+
+def page(title: str, parts: list[str], plotly_src: str | None = None) -> str:
+    """The whole document: `title` is escaped here, `parts` are HTML already. plotly.js is loaded from
+    `plotly_src` (a file beside the page) when given, else inlined; tables of class `sortable` sort
+    on a click of their header."""
+    script = (f'<script type="text/javascript" src="{html.escape(plotly_src, quote=True)}"></script>' if plotly_src
+              else f'<script type="text/javascript">{get_plotlyjs()}</script>')
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-            + "\n".join(parts) + "</body></html>\n")
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style>{script}</head><body>"
+            + "\n".join(parts) + f"<script>{_SORT}</script></body></html>\n")
+
+
+def markdown_html(text: str) -> str:
+    """The Markdown that the claims section writes (#### headings, pipe tables, paragraphs) as HTML, escaped."""
+    out, rows = [], []
+
+    def flush() -> None:
+        if rows:
+            head, body = rows[0], [r for r in rows[2:]]
+            out.append('<table class="sortable"><thead><tr>' + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                       + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+                                                          + "</tr>" for r in body) + "</tbody></table>")
+            rows.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        flush()
+        if line.startswith("#"):
+            out.append(f"<h3>{html.escape(line.lstrip('#').strip())}</h3>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line.strip())}</p>")
+    flush()
+    return "\n".join(out)

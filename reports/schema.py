@@ -22,7 +22,9 @@ RUNS = {
     "objective": "float", "final_accuracy": "float", "peak_accuracy": "float", "auc_accuracy": "float",
     "warm_start_accuracy": "float", "collapsed": "bool", "collapse_step": "float", "collapse_reason": "str",
     "collapse_step_train": "float",  # the collapse rule on the per-step training reward
-    "ess_drop_count": "float", "grad_spike_count": "float", "mean_step_s": "float", "mean_rollout_s": "float",
+    "ess_drop_count": "float", "grad_spike_count": "float",
+    "first_warning_step": "float",  # the first ESS-drop or grad-norm-spike step (NaN: none)
+    "mean_step_s": "float", "mean_rollout_s": "float",
     "mean_train_s": "float", "staleness_mean": "float", "staleness_max": "float", "staleness_updates_mean": "float",
     "kl_step_mean": "float", "critic_explained_var_first": "float", "critic_warmup_explained_var": "float",
     "fail_reason": "str", "url": "str",

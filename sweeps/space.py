@@ -1,20 +1,25 @@
-"""Search spaces as data, and the objective computed from a run summary."""
+"""Search spaces as data, and the objective computed from a run summary.
+
+A sweep's grid is methods × their bands × staleness × seed. Each method of the axis carries the band
+values it is swept over (none for a band it does not have; its registry default when not given) and
+optionally a reading of the trust region (`anchor`), so COPC's grid, its readings and the baselines
+form one sweep that runs, resumes and reports as any other.
+"""
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.config import MethodConfig, RunConfig, with_overrides
-
-# search-space parameter → RunConfig field it sets
-PARAM_FIELDS = {"tau_policy": "method.tau_policy", "tau_advantage": "method.tau_advantage",
-                "staleness": "train.staleness", "seed": "train.seed"}
-
+from copc_core.methods import Anchor, has_band, preset
+from copc_core.stability import RunSummary
 
 Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no clip")]
+BANDS = ("tau_policy", "tau_advantage")
 
 # a sweep's name keys the Optuna study, the MLflow parent run and the report's file: letters, digits and
 # . _ + = - (and inner spaces) only, so that it is safe in a filter string and a file name
@@ -23,18 +28,59 @@ SweepName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-
 MAX_GRID_POINTS = 100_000  # a grid larger than this is refused before it is built
 
 
+def _distinct(v: list | None) -> list | None:
+    if v is not None and len(set(v)) != len(v):
+        raise ValueError(f"values must be distinct, got {v}")
+    return v
+
+
+class SweptMethod(BaseModel):
+    """One method of a sweep and the band values it is swept over."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+    name: str = Field("copc", description="a registry method (`copc methods`)")
+    tau_policy: list[Band] | None = Field(None, min_length=1, description="τ_p values (None: the method's own, "
+                                                                          "or none if it has no τ_p)")
+    tau_advantage: list[Band] | None = Field(None, min_length=1, description="τ_a values (None: as τ_p)")
+    anchor: Anchor | None = Field(None, description="reading of the trust region's anchor (None: the method's)")
+    label: str | None = Field(None, min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_.\[\]=+ -]+$",
+                              description="name in tables and the report (default: name, with [anchor] if set)")
+
+    _distinct_bands = field_validator("tau_policy", "tau_advantage")(classmethod(lambda cls, v: _distinct(v)))
+
+    @model_validator(mode="after")
+    def _valid(self) -> SweptMethod:
+        for tp, ta in self.bands():
+            MethodConfig(name=self.name, tau_policy=tp, tau_advantage=ta, anchor=self.anchor)  # names the problem
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.label or (f"{self.name}[{self.anchor}]" if self.anchor else self.name)
+
+    def bands(self) -> list[tuple[float | None, float | None]]:
+        return list(itertools.product(self.tau_policy or [None], self.tau_advantage or [None]))
+
+    def lags(self, staleness: list[int]) -> list[int]:
+        """The staleness levels this method runs at (an on-policy method: 0 only)."""
+        return [k for k in staleness if k == 0 or not preset(self.name).on_policy]
+
+
 class SweepSpace(BaseModel):
-    """A joint grid over (τ_p, τ_a) × staleness × seed for one method, and how to score a run.
+    """A joint grid over methods (each with its (τ_p, τ_a) values) × staleness × seed, and how to score a run.
 
     Staleness is a controlled lag k (`schedule: lag`) or a bound η on free-running sampling
-    (`schedule: bounded`, whose trials run on the Ray runtime, one at a time).
+    (`schedule: bounded`, whose trials run on the Ray runtime, one at a time). The older one-method form
+    (`method`, `tau_policy`, `tau_advantage` at the top) is read as a one-entry `methods`; band lists at
+    the top apply to every listed method that has that band and gives none of its own.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
-    method: str = "copc"
-    tau_policy: list[Band] = Field(default_factory=lambda: [1.5, 2.0, 4.0], min_length=1)
-    tau_advantage: list[Band] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
+    methods: list[SweptMethod] = Field(default_factory=lambda: [SweptMethod(tau_policy=[1.5, 2.0, 4.0],
+                                                                            tau_advantage=[1.0, 2.0, 4.0])],
+                                       min_length=1, max_length=100)
     staleness: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=lambda: [0, 4], min_length=1)
     schedule: Literal["lag", "bounded"] = Field("lag", description="lag: staleness values are controlled lags k; "
                                                                    "bounded: they are staleness bounds η (free-"
@@ -44,37 +90,86 @@ class SweepSpace(BaseModel):
     objective: Literal["final", "peak", "auc"] = "final"
     collapse_penalty: float = Field(0.5, ge=0.0, le=1.0, description="subtracted from a collapsed run's score")
 
-    @field_validator("tau_policy", "tau_advantage", "staleness", "seeds")
+    @model_validator(mode="before")
     @classmethod
-    def _distinct(cls, v: list) -> list:
-        if len(set(v)) != len(v):
-            raise ValueError(f"values must be distinct, got {v}")
-        return v
+    def _one_method_form(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        shared = {b: data.pop(b) for b in BANDS if b in data}
+        if "method" in data:
+            if "methods" in data:
+                raise ValueError("give `methods` or `method`, not both")
+            data["methods"] = [{"name": data.pop("method")}]
+        if not shared:
+            return data
+        entries = [m if isinstance(m, dict) else ({"name": m} if isinstance(m, str) else m.model_dump())
+                   for m in data.get("methods", [{"name": "copc"}])]
+        for band, values in shared.items():
+            takers = [m for m in entries if has_band(preset(m.get("name", "copc")), band) and m.get(band) is None]
+            if values is not None and not takers and not any(m.get(band) for m in entries):
+                raise ValueError(f"{band} given, but no method of the sweep has that band")
+            for m in takers:
+                m[band] = values
+        data["methods"] = entries
+        return data
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [{"name": m} if isinstance(m, str) else m for m in v] if isinstance(v, list) else v
+
+    @field_validator("staleness", "seeds")
+    @classmethod
+    def _distinct_levels(cls, v: list) -> list:
+        return _distinct(v)
 
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
-        size = len(self.tau_policy) * len(self.tau_advantage) * len(self.staleness) * len(self.seeds)
+        keys = [m.key for m in self.methods]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"methods must be distinct (give a `label` to tell two entries apart), got {keys}")
+        size = sum(len(m.bands()) * len(m.lags(self.staleness)) for m in self.methods) * len(self.seeds)
         if size > MAX_GRID_POINTS:
             raise ValueError(f"the grid has {size:,} points; at most {MAX_GRID_POINTS:,} are allowed")
-        for tp, ta in itertools.product(self.tau_policy, self.tau_advantage):
-            MethodConfig(name=self.method, tau_policy=tp, tau_advantage=ta)  # the method has both bands
+        if size == 0:
+            raise ValueError("the grid is empty (an on-policy method runs at staleness 0 only)")
         return self
 
+    def method(self, key: str) -> SweptMethod:
+        return next(m for m in self.methods if m.key == key)
+
     def grid(self) -> list[dict[str, Any]]:
-        return [{"tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
-                for tp, ta, k, s in itertools.product(self.tau_policy, self.tau_advantage, self.staleness, self.seeds)]
+        """Every point: {method, tau_policy, tau_advantage, staleness, seed}; a band the method lacks is None."""
+        return [{"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
+                for m in self.methods for tp, ta in m.bands() for k in m.lags(self.staleness) for s in self.seeds]
 
-    def search_space(self) -> dict[str, list]:
-        return {"tau_policy": self.tau_policy, "tau_advantage": self.tau_advantage, "staleness": self.staleness,
-                "seed": self.seeds}
+    def run_config(self, base: RunConfig, point: dict[str, Any]) -> RunConfig:
+        entry = self.method(point["method"])
+        lag = "train.staleness" if self.schedule == "lag" else "train.eta"
+        reading = {"method.anchor": entry.anchor} if entry.anchor else {}
+        return with_overrides(base, {"method.name": entry.name, "method.tau_policy": point["tau_policy"],
+                                     "method.tau_advantage": point["tau_advantage"], **reading,
+                                     lag: point["staleness"], "train.seed": point["seed"], "train.steps": self.steps})
 
-    def run_config(self, base: RunConfig, params: dict[str, Any]) -> RunConfig:
-        fields = PARAM_FIELDS if self.schedule == "lag" else {**PARAM_FIELDS, "staleness": "train.eta"}
-        overrides = {fields[k]: v for k, v in params.items()}
-        return with_overrides(base, {"method.name": self.method, "train.steps": self.steps, **overrides})
+    def score(self, summary: RunSummary) -> float:
+        """The objective of one run: final / peak / auc held-out accuracy, minus the penalty when it collapsed."""
+        return objective_value(summary, self.objective, self.collapse_penalty)
 
 
-def objective_value(summary: dict[str, Any], objective: str, collapse_penalty: float) -> float:
-    """final / peak / auc held-out accuracy, minus the penalty when the run collapsed."""
-    score = {"final": summary["final_accuracy"], "peak": summary["peak_accuracy"], "auc": summary["auc_accuracy"]}[objective]
-    return score - (collapse_penalty if summary["collapsed"] else 0.0)
+def objective_value(summary: RunSummary, objective: str, collapse_penalty: float) -> float:
+    score = {"final": summary.final_accuracy, "peak": summary.peak_accuracy, "auc": summary.auc_accuracy}[objective]
+    return score - (collapse_penalty if summary.collapsed else 0.0)
+
+
+def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
+    """A run's name: `copc tp=2 ta=1 k=4 s=0` (bands the method lacks left out)."""
+    bands = "".join(f" {short}={point[b]:g}" for short, b in (("tp", "tau_policy"), ("ta", "tau_advantage"))
+                    if point[b] is not None)
+    lag = "k" if schedule == "lag" else "eta"
+    return f"{point['method']}{bands} {lag}={point['staleness']} s={point['seed']}"
+
+
+def band_or_inf(value: float | None) -> float:
+    """A band in tables and frames: a method without the band reads as ∞ (no mask / no clip)."""
+    return math.inf if value is None else float(value)

@@ -1,29 +1,39 @@
-"""bench/claims.py: the job list and the claim tables on constructed results with known answers."""
+"""The claims: the claims preset's points, and the report's claim tables on constructed runs with known answers."""
 
 import itertools
+import math
 
-from bench.claims import ABLATIONS, BASELINES, claim_tables, jobs
-from sweeps.presets import CLAIMS_SPACE, PRESETS
+import pandas as pd
+
+from copc_core.methods import preset
+from reports.claims import claim_tables, has_claims
+from sweeps.presets import CLAIMS_BASELINES, CLAIMS_SPACE, PRESETS
+from sweeps.space import SweepSpace
 
 NOISE = {0: -0.01, 1: 0.0, 2: 0.01}  # per seed: a tight spread, so intervals are narrow but real
 
 
 def row(method, tp, ta, k, seed, acc, collapsed=False, collapse_step=None, ess=(), spikes=()):
-    return {"method": method, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": seed, "steps": 50,
+    band = lambda v: math.inf if v is None else float(v)  # noqa: E731  (a method without the band: ∞ in frames)
+    return {"method": method, "tau_policy": band(tp), "tau_advantage": band(ta), "staleness": k, "seed": seed,
+            "scored": True, "objective": acc + NOISE[seed] - (0.5 if collapsed else 0.0),
             "final_accuracy": acc + NOISE[seed], "peak_accuracy": max(acc + NOISE[seed], 0.6), "collapsed": collapsed,
-            "collapse_step": collapse_step, "ess_drop_steps": list(ess), "grad_norm_spike_steps": list(spikes),
-            "warm_start_accuracy": 0.36, "wall_s": 1.0}
+            "collapse_step": math.nan if collapse_step is None else float(collapse_step),
+            "first_warning_step": float(min([*ess, *spikes], default=math.nan)),
+            "ess_drop_count": float(len(ess)), "grad_spike_count": float(len(spikes))}
 
 
-def test_jobs_cover_the_grid_ablations_and_baselines_once():
-    out = jobs([0, 4], 3, [1.5, 4.0], [1.0, 2.0])
-    keys = [(j["method"], j["tau_policy"], j["tau_advantage"], j["staleness"], j["seed"]) for j in out]
+def test_the_claims_preset_is_one_sweep_of_the_grid_ablations_and_baselines():
+    space = SweepSpace(methods=CLAIMS_SPACE.methods, staleness=[0, 4], seeds=[0, 1, 2])
+    points = space.grid()
+    keys = [(p["method"], p["tau_policy"], p["tau_advantage"], p["staleness"], p["seed"]) for p in points]
     assert len(keys) == len(set(keys))
-    # COPC 2×2 cells, 2 + 2 ablation cells, 5 off-policy baselines at 2 lags and sync_ppo at k = 0, 3 seeds each
-    assert len(out) == (4 * 2 + 4 * 2 + 5 * 2 + 1) * 3
-    assert {j["staleness"] for j in out if j["method"] == "sync_ppo"} == {0}
-    assert all(j["tau_advantage"] is None for j in out if j["method"] == "copc_policy_only")
-    assert {j["method"] for j in out} == {"copc", *ABLATIONS, *BASELINES}
+    # COPC 3×3 cells, 3 + 3 ablation cells, 5 off-policy baselines at 2 lags and sync_ppo at k = 0, 3 seeds each
+    assert len(points) == (9 * 2 + 6 * 2 + 5 * 2 + 1) * 3
+    assert {p["staleness"] for p in points if p["method"] == "sync_ppo"} == {0}
+    assert all(p["tau_advantage"] is None for p in points if p["method"] == "copc_policy_only")
+    assert {p["method"] for p in points} == {"copc", "copc_policy_only", "copc_advantage_only", *CLAIMS_BASELINES}
+    assert all(preset(m).default_tau_policy is None for m in CLAIMS_BASELINES)
     assert PRESETS["claims-tool-math"][0] == PRESETS["claims-search"][0] == CLAIMS_SPACE
 
 
@@ -48,35 +58,45 @@ def constructed_rows():
     return rows
 
 
-def table(text: str, heading: str) -> dict[str, list[str]]:
-    """The first Markdown table after `heading`: first cell → all cells."""
+def rows(text: str, heading: str) -> list[list[str]]:
+    """The rows of the first Markdown table after `heading`."""
     lines = text[text.index(heading):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|---"))
-    out = {}
+    out = []
     for line in lines[start + 1:]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        out[cells[0]] = cells
+        out.append([c.strip() for c in line.strip().strip("|").split("|")])
     return out
 
 
+def table(text: str, heading: str) -> dict[str, list[str]]:
+    """The first Markdown table after `heading`: first cell → all cells."""
+    return {r[0]: r for r in rows(text, heading)}
+
+
 def test_claim_tables_find_the_known_reversal_and_the_better_baseline():
-    text = claim_tables(constructed_rows(), [4, 64])
+    runs = pd.DataFrame(constructed_rows())
+    assert has_claims(runs) and not has_claims(runs[runs["method"] == "copc"])
+    text = claim_tables(runs)
     coupling = table(text, "#### (a)")
     k4 = coupling["4"]
     assert k4[1] == "9"  # 3 τ_p pairs × 3 τ_a pairs
     assert int(k4[4]) >= 1  # significant reversals
     assert "-1.20" in k4[6] and "τ_p 1.5→4, τ_a 1 vs 4" in k4[6]  # E_b − E_a = −0.6 − 0.6
     assert "grid flat" in coupling["64"][5]
-    verdict = table(text, "| k | COPC best")
-    assert verdict["4"][1].startswith("0.80") and verdict["4"][2].startswith("tis 0.90") and verdict["4"][3] == "no"
-    assert verdict["4"][4] == "no"  # [0.79, 0.81] vs [0.89, 0.91]
+    verdict = {r[1]: r for r in rows(text, "| method | k | best cell") if r[0] == "copc"}
+    assert verdict["4"][2].startswith("0.80") and verdict["4"][3].startswith("tis 0.90") and verdict["4"][4] == "no"
+    assert verdict["4"][5] == "no"  # [0.79, 0.81] vs [0.89, 0.91]
     stability = table(text, "#### (c)")
     assert stability["vtrace"][2] == "3 (100%)" and stability["vtrace"][5] == "3" and stability["vtrace"][6] == "3/3"
     assert stability["copc"][2] == "0 (0%)"
     region = table(text, "#### High-performing")
+    head = text[text.index("| k | best of these"):].splitlines()[0].strip().strip("|").split("|")
+    col = {h.strip(): i for i, h in enumerate(head)}
     # best of the three at k = 4 is COPC's 0.8: 2 of its 9 cells reach 0.72, no ablation cell does
-    assert region["4"][1] == "0.80" and region["4"][2] == "2/9 (22%)" and region["4"][3].startswith("0/3")
-    # at k = 64 COPC's flat 0.5 is the best; its 9 cells are within 90 %, the ablations (0.40, 0.45) are not
-    assert region["64"][2] == "9/9 (100%)" and region["64"][4].startswith("3/3")  # 0.45 ≥ 0.9 · 0.5
+    assert region["4"][1] == "0.80" and region["4"][col["copc"]] == "2/9 (22%)"
+    assert region["4"][col["copc_policy_only"]].startswith("0/3") and region["4"][col["copc_advantage_only"]].startswith("0/3")
+    # at k = 64 COPC's flat 0.5 is the best; its 9 cells are within 90 %, advantage-only's 0.45 too, policy-only's 0.40 not
+    assert region["64"][col["copc"]] == "9/9 (100%)" and region["64"][col["copc_advantage_only"]].startswith("3/3")
+    assert region["64"][col["copc_policy_only"]].startswith("0/3")

@@ -213,12 +213,26 @@ def test_learning_curves_mark_collapse_and_escape_names():
     markers = [t for t in fig.data if t.mode == "markers"]
     assert len(held_out) == 2 and len(markers) == 1
     assert list(markers[0].x) == [20] and list(markers[0].y) == [0.2]
-    assert held_out[0].name == "&lt;b&gt;x&lt;/b&gt;"
+    # legend entries name cells (one per cell, shown once); the run's own name, escaped, is in the hover text
+    assert [t.name for t in held_out] == ["copc τp=2 τa=1", "copc τp=2 τa=2"] and all(t.showlegend for t in held_out)
+    assert "&lt;b&gt;x&lt;/b&gt;" in held_out[0].hovertemplate and "<b>x" not in held_out[0].hovertemplate
     # the training reward of every step, dotted, in the run's colour and legend group (run b has none)
     assert len(training) == 1 and list(training[0].x) == [1, 2, 3, 4, 5]
     assert list(training[0].y) == [v for _, v in reward]
     assert training[0].line.dash == "dot" and training[0].line.color == held_out[0].line.color
     assert training[0].legendgroup == held_out[0].legendgroup
+
+
+def test_learning_curves_give_a_cell_one_colour_and_one_legend_entry_across_staleness_panels():
+    hist = {"eval/accuracy": curve([0, 10], [0.3, 0.6])}
+    records = [trial(rid, 2, ta, k, 0, 0.6, history=hist) for rid, ta, k in (("a", 1, 0), ("b", 1, 4), ("c", 2, 4))]
+    fig = figures.learning_curves(frame(records), curves_frame(records))
+    lines = {t.hovertemplate.split("<br>")[0]: t for t in fig.data}
+    same = [t for t in fig.data if t.name == "copc τp=2 τa=1"]
+    assert len(same) == 2 and same[0].line.color == same[1].line.color and same[0].xaxis != same[1].xaxis
+    assert [t.showlegend for t in same] == [True, False]
+    other = next(t for t in fig.data if t.name == "copc τp=2 τa=2")
+    assert other.line.color != same[0].line.color and len(lines) == 3
 
 
 def test_diagnostics_figure_has_one_panel_row_per_metric():

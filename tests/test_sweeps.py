@@ -8,8 +8,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
+from copc_core.results import TrialResult
+from copc_core.stability import RunSummary
 from sweeps.space import SweepSpace, objective_value
-from sweeps.study import FAIL_REASON, MANAGED, open_study, pending_points, run_study, running_elsewhere
+from sweeps.study import DISTRIBUTIONS, FAIL_REASON, MANAGED, open_study, pending_points, run_study, running_elsewhere
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -20,11 +22,47 @@ def tiny_space(**kw):
                           "steps": 2} | kw))
 
 
+def summary(final: float = 0.5, peak: float | None = None, auc: float | None = None, collapsed: bool = False,
+            **kw) -> RunSummary:
+    return RunSummary(**{"steps_completed": 2, "warm_start_accuracy": 0.3, "final_accuracy": final,
+                         "peak_accuracy": final if peak is None else peak, "auc_accuracy": final if auc is None else auc,
+                         "final_accuracy_greedy": final, "collapsed": collapsed, "collapse_step": 2 if collapsed else None,
+                         "collapse_reason": "accuracy" if collapsed else None, "collapse_step_train": None,
+                         "ess_drop_steps": [], "grad_norm_spike_steps": [], "mean_step_s": 0.1, "mean_rollout_s": 0.05,
+                         "mean_train_s": 0.05, "staleness_mean": 0.0, "staleness_max": 0.0,
+                         "staleness_updates_mean": 0.0, "kl_step_mean": None, "critic_explained_var_first": None,
+                         "critic_warmup_explained_var": None} | kw)
+
+
 def test_space_grid_and_configs():
     space = tiny_space()
     assert len(space.grid()) == 4
-    cfg = space.run_config(tiny_config(), {"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 3})
+    cfg = space.run_config(tiny_config(), {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1,
+                                           "seed": 3})
     assert cfg.method.tau_advantage == 1.0 and cfg.train.staleness == 1 and cfg.train.seed == 3 and cfg.train.steps == 2
+
+
+def test_methods_are_an_axis_with_their_own_bands_and_readings():
+    space = SweepSpace(methods=["copc", {"name": "copc", "anchor": "behavior"}, "sync_ppo", "tis"],
+                       tau_policy=[2.0, 4.0], tau_advantage=[1.0], staleness=[0, 4], seeds=[0, 1])
+    points = space.grid()
+    by_method = {m: [p for p in points if p["method"] == m] for m in ("copc", "copc[behavior]", "sync_ppo", "tis")}
+    assert [len(v) for v in by_method.values()] == [2 * 2 * 2, 2 * 2 * 2, 1 * 1 * 2, 1 * 2 * 2]
+    assert {p["staleness"] for p in by_method["sync_ppo"]} == {0}  # on-policy: k = 0 only
+    assert all(p["tau_policy"] is None and p["tau_advantage"] is None for p in by_method["tis"])
+    base = tiny_config()
+    behavior = space.run_config(base, by_method["copc[behavior]"][0])
+    assert behavior.method.name == "copc" and behavior.method.anchor == "behavior"
+    assert space.run_config(base, by_method["copc"][0]).method.anchor is None  # the method's own reading
+    tis = space.run_config(base, by_method["tis"][-1])
+    assert tis.method.name == "tis" and tis.method.tau_policy is None and tis.train.staleness == 4
+    assert SweepSpace.model_validate_json(space.model_dump_json()) == space
+    with pytest.raises(ValidationError, match="distinct"):
+        SweepSpace(methods=["copc", "copc"])
+    with pytest.raises(ValidationError, match="no method of the sweep has that band"):
+        SweepSpace(methods=["tis"], tau_policy=[2.0])
+    with pytest.raises(ValidationError, match="empty"):
+        SweepSpace(methods=["sync_ppo"], staleness=[4])
 
 
 @pytest.mark.parametrize("bad", [{"tau_policy": [0.5]}, {"tau_advantage": [math.nan]}, {"staleness": [-1]},
@@ -35,31 +73,36 @@ def test_invalid_spaces_are_refused(bad):
 
 
 def test_objective():
-    s = {"final_accuracy": 0.8, "peak_accuracy": 0.9, "auc_accuracy": 0.7, "collapsed": False}
+    s = summary(0.8, peak=0.9, auc=0.7)
     assert objective_value(s, "final", 0.5) == 0.8 and objective_value(s, "auc", 0.5) == 0.7
-    assert objective_value({**s, "collapsed": True}, "peak", 0.5) == pytest.approx(0.4)
+    assert objective_value(summary(0.8, peak=0.9, collapsed=True), "peak", 0.5) == pytest.approx(0.4)
+    assert tiny_space(objective="auc").score(s) == 0.7
 
 
 def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = tiny_space()
-    sweep = open_study("s", storage, space)
+    sweep = open_study("s", storage)
     study = sweep.study
 
     def half_fail(params_list, on_result):
         for i, p in enumerate(params_list):
             on_result(i, RuntimeError("worker exploded") if p["staleness"] == 1 else
-                      {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5, "collapsed": False}})
+                      TrialResult(summary(0.5, collapsed=p["tau_advantage"] == 2.0), objective=0.25))
 
-    run_study(sweep, space, pending_points(sweep, space), half_fail)
+    run_study(sweep, pending_points(sweep, space), half_fail)
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and states.count(optuna.trial.TrialState.FAIL) == 2
     assert all("worker exploded" in t.user_attrs[FAIL_REASON] for t in study.trials if t.state.name == "FAIL")
-    assert all(t.user_attrs[MANAGED] for t in study.trials)
+    assert all(t.user_attrs[MANAGED] and t.user_attrs["method"] == "copc" for t in study.trials)
+    # the run's outcome is on the trial, for optuna-dashboard and load_study users
+    done = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.params["tau_advantage"])
+    assert [(t.value, t.user_attrs["final_accuracy"], t.user_attrs["collapsed"], t.user_attrs["collapse_step"])
+            for t in done] == [(0.25, 0.5, False, None), (0.25, 0.5, True, 2)]
     # a trial left RUNNING by a version without heartbeats: nobody runs it; marked FAIL, its point rerun
     study.enqueue_trial({"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0})
-    study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.search_space().items()})
-    again = open_study("s", storage, space)
+    study.ask(DISTRIBUTIONS)
+    again = open_study("s", storage)
     pending = pending_points(again, space)
     assert sorted(p["tau_advantage"] for p in pending) == [1.0, 2.0] and all(p["staleness"] == 1 for p in pending)
     assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in again.study.trials)
@@ -74,19 +117,19 @@ def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(t
     monkeypatch.setattr(study_mod, "GRACE_S", 3)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = tiny_space(tau_advantage=[1.0], staleness=[0])  # one point
-    first = open_study("s", storage, space)
+    first = open_study("s", storage)
     stopped = []
 
     def dies_while_running(params_list, on_result):  # heartbeats run while this runs; then the process "dies"
-        second = open_study("s", storage, space)
+        second = open_study("s", storage)
         assert pending_points(second, space) == [] and running_elsewhere(second, space) == params_list
         stopped.append(True)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_study(first, space, pending_points(first, space), dies_while_running)
+        run_study(first, pending_points(first, space), dies_while_running)
     assert stopped
-    second = open_study("s", storage, space)
+    second = open_study("s", storage)
     assert pending_points(second, space) == []  # its heartbeat is still fresh: maybe the process is only slow
     time.sleep(study_mod.GRACE_S + 2)
     assert pending_points(second, space) == space.grid()  # stale: the point runs again
@@ -104,10 +147,10 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     space = tiny_space()
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
-    assert len([o for o in first["outcomes"] if o["state"] == "COMPLETE"]) == 4
+    assert len([o for o in first.outcomes if o.state == "COMPLETE"]) == 4
     client = MlflowClient(tracking)
     exp = client.get_experiment_by_name("copc")
-    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first['parent_run_id']}'")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first.parent_run_id}'")
     assert len(children) == 4
     run = children[0]
     assert run.data.params["method.name"] == "copc" and "train.staleness" in run.data.params
@@ -115,11 +158,11 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     ess = client.get_metric_history(run.info.run_id, "correction/ess")
     assert [m.step for m in sorted(ess, key=lambda m: m.step)] == [1, 2]
     assert "config.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
-    study = optuna.load_study(study_name="t", storage=first["storage"])
+    study = optuna.load_study(study_name="t", storage=first.storage)
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
     second = run_sweep(space, "t", base, tmp_path, tracking=tracking)
-    assert second["outcomes"] == [] and second["parent_run_id"] == first["parent_run_id"]
-    assert len(optuna.load_study(study_name="t", storage=first["storage"]).trials) == 4
+    assert second.outcomes == [] and second.parent_run_id == first.parent_run_id
+    assert len(optuna.load_study(study_name="t", storage=first.storage).trials) == 4
 
     # the report reads these real runs back from MLflow and is attached to the parent run
     from infra.tracking import read_sweeps
@@ -135,7 +178,14 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     out = build_report(tracking, ["t"], tmp_path / "report.html")
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') >= 6 and 'id="summary"' in page
-    assert [a.path for a in client.list_artifacts(first["parent_run_id"], "report")] == ["report/report.html"]
+    assert sorted(a.path for a in client.list_artifacts(first.parent_run_id, "report")) == [
+        "report/plotly.min.js", "report/report.html"]
+    assert '<script type="text/javascript" src="plotly.min.js">' in page and (out.parent / "plotly.min.js").is_file()
+    # the parent run describes the sweep: a per-cell table on its page and as JSON
+    parent = client.get_run(first.parent_run_id)
+    assert parent.data.tags["mlflow.note.content"].startswith("| method | tau_policy |")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert run.data.tags["machine.cores"].isdigit() and run.data.tags["machine.torch"]
     with pytest.raises(LookupError, match="no sweep named 'nope'.*known: t"):
         read_sweeps(tracking, ["nope"], [])
 
@@ -156,16 +206,16 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert space.run_config(base, space.grid()[1]).train.staleness == 0
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
-    assert [o["state"] for o in result["outcomes"]] == ["COMPLETE", "COMPLETE"]
-    for outcome in result["outcomes"]:
-        eta = outcome["params"]["staleness"]
-        assert outcome["runtime"] == "ray (bounded staleness)"
-        assert outcome["summary"]["staleness_max"] <= eta and outcome["summary"]["steps_completed"] == 3
+    assert [o.state for o in result.outcomes] == ["COMPLETE", "COMPLETE"]
+    for outcome in result.outcomes:
+        eta = outcome.point["staleness"]
+        assert outcome.result.runtime == "ray (bounded staleness)"
+        assert outcome.result.summary.staleness_max <= eta and outcome.result.summary.steps_completed == 3
     found = read_sweeps(tracking, ["b"], HISTORY_KEYS)
     runs = runs_frame(found["trials"], found["experiment_id"], "http://ui")
     assert set(runs["method"]) == {"copc (bounded η)"} and sorted(runs["staleness"]) == [0, 2]
     assert set(runs["runtime"]) == {"ray (bounded staleness)"}
-    assert "η = 2" in grid_table(result["study"], space)
+    assert "η = 2" in grid_table(result.study, space)
 
 
 def _sweep_files(tmp_path, warm_state, steps: int) -> dict[str, str]:
@@ -286,15 +336,15 @@ def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retra
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
     parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
-    summary = {"final_accuracy": 0.75, "peak_accuracy": 0.8, "auc_accuracy": 0.6, "collapsed": False}
+    logged = TrialResult(summary(0.75, peak=0.8, auc=0.6), objective=0.75)
 
     def logs_then_dies(params_list, on_result):
         config = space.run_config(base, params_list[0])
-        tracker.log_trial(parent, "w", "logged", config, summary, [], [], 0.75)
+        tracker.log_trial(parent, "w", "logged", config, logged)
         raise SystemExit("killed after logging, before telling Optuna")
 
     with pytest.raises(SystemExit):
-        run_study(open_study("w", storage, space), space, space.grid(), logs_then_dies)
+        run_study(open_study("w", storage), space.grid(), logs_then_dies)
     trained = []
     monkeypatch.setattr(sweep_runs, "_train_trial", None)  # any training would fail loudly
     monkeypatch.setattr(sweep_runs, "run_trials", lambda *a, **k: trained.append(a))
@@ -305,4 +355,39 @@ def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retra
     assert len(complete) == 1 and complete[0].value == pytest.approx(0.75)
     runs = MlflowClient(tracking).search_runs([tracker.experiment_id], "tags.copc_kind = 'trial'")
     assert len(runs) == 1 and complete[0].user_attrs["mlflow_run_id"] == runs[0].info.run_id
-    assert result["best"].value == pytest.approx(0.75)
+    assert result.best.value == pytest.approx(0.75)
+    assert complete[0].user_attrs["final_accuracy"] == 0.75 and complete[0].user_attrs["collapsed"] is False
+
+
+def test_a_study_grows_by_seeds_lags_and_methods_between_sessions(tmp_path):
+    """Static distributions: a later session may add seeds, lags or methods to a study (Optuna refuses a
+    categorical parameter whose choices change, which froze a study's space at its first session)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+
+    def finish(space):
+        sweep = open_study("g", storage)
+        todo = pending_points(sweep, space)
+        run_study(sweep, todo, lambda ps, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5))
+                                                       for i in range(len(ps))])
+        return todo
+
+    small = tiny_space(tau_advantage=[1.0], staleness=[0])
+    assert len(finish(small)) == 1
+    grown = SweepSpace(methods=[{"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0]}, "tis"],
+                       staleness=[0, 4], seeds=[0, 1], steps=2)
+    added = finish(grown)
+    assert len(added) == len(grown.grid()) - 1 and small.grid()[0] not in added
+    assert pending_points(open_study("g", storage), grown) == []
+    tis = [t for t in optuna.load_study(study_name="g", storage=storage).trials if t.user_attrs["method"] == "tis"]
+    assert len(tis) == 4 and all(set(t.params) == {"staleness", "seed"} for t in tis)  # no band: no parameter
+
+
+def test_a_study_of_the_older_categorical_format_is_refused_with_a_clear_error(tmp_path):
+    from sweeps.study import StudyFormatError
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    old = optuna.create_study(study_name="old", storage=storage)
+    old.enqueue_trial({"seed": 0})
+    old.tell(old.ask({"seed": optuna.distributions.CategoricalDistribution([0])}), 0.5)
+    with pytest.raises(StudyFormatError, match="older copc.*new name"):
+        open_study("old", storage)
