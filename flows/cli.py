@@ -481,15 +481,70 @@ def analyze(
     typer.echo(f"HTML report: {result['path']}\nrecords: {result['records']}")
 
 
+def _stoppable() -> None:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt, so `copc serve &` or `copc dashboard &` (whose
+    shell ignores SIGINT for background jobs) still stops cleanly on either."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @app.command()
 def serve() -> None:
     """Register the copc-train / copc-sweep / copc-report / copc-analysis deployments and serve them (needs a Prefect
-    server: `copc up`, then PREFECT_API_URL=http://127.0.0.1:4200/api)."""
+    server: `copc up`, then PREFECT_API_URL=http://127.0.0.1:4200/api). Ctrl-C or SIGTERM stops it."""
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("copc serve needs a Prefect server: run `copc up`, then set PREFECT_API_URL to the API URL it prints")
+    _servers_up(None, mlflow=False)
     from prefect import serve as prefect_serve
 
     from flows.prefect_flows import deployments
 
-    prefect_serve(*deployments())
+    _stoppable()
+    try:
+        prefect_serve(*deployments())
+    except KeyboardInterrupt:
+        typer.echo("copc serve: stopped", err=True)
+
+
+@app.command()
+def dashboard(
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder, "
+                                                     "where `copc sweep` keeps its studies)"),
+    host: str = typer.Option("127.0.0.1", help="interface to bind (loopback by default; the dashboard has no auth)"),
+    port: int = typer.Option(8080, min=1, max=65535, help="port"),
+) -> None:
+    """Serve the sweeps' Optuna studies with optuna-dashboard: every trial's point, objective, final and peak
+    accuracy, collapse and MLflow run id. Ctrl-C or SIGTERM stops it."""
+    from infra.settings import data_dir
+
+    if storage is None:
+        db = data_dir() / "optuna.db"
+        if not db.is_file():
+            _fail(f"no Optuna storage at {db}: run a sweep first (or give --storage)")
+        storage = f"sqlite:///{db}"
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.secho(f"warning: the dashboard on {host} lets anyone who reaches it read and edit the studies "
+                    "(optuna-dashboard has no authentication)", fg=typer.colors.YELLOW, err=True)
+    import optuna
+    from optuna_dashboard import run_server
+
+    try:
+        rdb = optuna.storages.RDBStorage(storage)
+    except Exception as err:  # a URL SQLAlchemy cannot open: say so, no traceback
+        _fail(f"cannot open Optuna storage {storage!r}: {err}")
+    typer.echo(f"optuna-dashboard of {storage} on http://{host}:{port}/ (Ctrl-C stops it)")
+    _stoppable()
+    try:
+        run_server(rdb, host=host, port=port)
+    except KeyboardInterrupt:
+        typer.echo("copc dashboard: stopped", err=True)
+    except OSError as err:
+        _fail(f"cannot serve on {host}:{port}: {err}")
 
 
 @app.command()

@@ -136,11 +136,15 @@ def train_and_track(config: RunConfig, data: pathlib.Path, runtime: str = "inpro
     else:
         summary = train_in_process(config, run_dir, data / "cache", resume=resume, on_step=on_step,
                                    on_warm_start=on_warm_start, on_critic_warmup=on_critic_warmup)
+    tracker = Tracker(uri, artifact_dir=data / "mlartifacts")
+    logged = tracker.logged_train_run(config.config_hash(), str(run_dir))
+    if logged:  # a rerun of a finished run: its MLflow run exists already
+        return summary, run_dir, logged
     records = json.loads((run_dir / "history.json").read_text())
     t = config.train
     lag = f"eta={t.eta}" if t.eta is not None else f"k={t.staleness}"
     result = TrialResult(summary, records["steps"], records["evals"], "ray" if ray else "inprocess")
-    run_id = Tracker(uri, artifact_dir=data / "mlartifacts").log_trial(
+    run_id = tracker.log_trial(
         None, None, f"train {config.method.name} {lag} s={t.seed}", config, result,
         tags={**machine_tags(), "run_dir": str(run_dir), **(tags or {})})
     return summary, run_dir, run_id

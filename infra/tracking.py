@@ -89,8 +89,10 @@ class Tracker:
         warnings = {"ess_drop_steps": summary.ess_drop_steps, "grad_norm_spike_steps": summary.grad_norm_spike_steps}
         kind = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial"} if parent_id else \
             {"copc_kind": "train"}
+        tp, ta = config.method.resolved_taus()  # the bands in effect (a method's default when not given)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
             **kind, "config_hash": config.config_hash(), "method": label or config.method.name,
+            "tau_policy": str(tp), "tau_advantage": str(ta),
             "runtime": result.runtime, "collapse_reason": str(summary.collapse_reason), **(tags or {}),
             **{k: json.dumps(v)[:5000] for k, v in warnings.items()}})
         run_id = run.info.run_id
@@ -110,6 +112,13 @@ class Tracker:
             self.client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
         self.client.set_terminated(run_id, "FAILED" if summary.collapse_reason == "non_finite" else "FINISHED")
         return run_id
+
+    def logged_train_run(self, config_hash: str, run_dir: str) -> str | None:
+        """The id of a finished `train` run of this config in this run folder, if one was logged."""
+        folder = run_dir.replace("\\", "\\\\").replace("'", "\\'")
+        runs = self.client.search_runs([self.experiment_id], f"tags.copc_kind = 'train' and tags.config_hash = "
+                                       f"'{config_hash}' and tags.run_dir = '{folder}' and attributes.status = 'FINISHED'")
+        return runs[0].info.run_id if runs else None
 
     def logged_trials(self, parent_id: str) -> dict[str, TrialResult]:
         """The finished, scored child runs of a sweep's parent, by config hash (summary as logged; no curves)."""
@@ -132,7 +141,9 @@ class Tracker:
         """A trial that raised: its config as params (so reports place it in the grid) and the reason."""
         tags = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial", "fail_reason": reason[:5000]}
         if config is not None:
-            tags |= {"config_hash": config.config_hash(), "method": label or config.method.name}
+            tp, ta = config.method.resolved_taus()
+            tags |= {"config_hash": config.config_hash(), "method": label or config.method.name,
+                     "tau_policy": str(tp), "tau_advantage": str(ta)}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         if config is not None:
             self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v) for k, v in

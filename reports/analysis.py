@@ -44,7 +44,7 @@ def _replicates(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np
 
 def _groups(runs: pd.DataFrame) -> dict[tuple, np.ndarray]:
     scored = runs[runs["scored"]]
-    return {key: g["objective"].to_numpy(float) for key, g in scored.groupby(_CELL, sort=True)}
+    return {key: g["objective"].to_numpy(float) for key, g in scored.groupby(_CELL, sort=True, dropna=False)}
 
 
 def _all_replicates(groups: dict[tuple, np.ndarray], n_boot: int, seed: int) -> dict[tuple, np.ndarray | None]:
@@ -59,7 +59,7 @@ def cell_stats(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: f
     groups = _groups(runs)
     reps = _all_replicates(groups, n_boot, seed)
     rows = []
-    for key, g in scored.groupby(_CELL, sort=True):
+    for key, g in scored.groupby(_CELL, sort=True, dropna=False):
         values = groups[key]
         low, high = _interval(reps[key], level)
         rows.append(dict(zip(_CELL, key)) | {

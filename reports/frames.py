@@ -38,6 +38,12 @@ def _float(text: str | None) -> float:
         return math.nan
 
 
+def _band(text: str | None) -> float:
+    """A band as logged: "None" (the method has no such band) reads as ∞ (no mask / no clip), so that the
+    cell keys of every method are numbers."""
+    return math.inf if text == "None" else _float(text)
+
+
 def _int(text: str | None) -> int:
     value = _float(text)
     return int(value) if math.isfinite(value) else -1
@@ -73,7 +79,9 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
         rows.append({
             "run_id": t["run_id"], "run_name": t["run_name"], "sweep": t["sweep"], "status": t["status"],
             "method": f"{method} (bounded η)" if bounded else method, "runtime": tags.get("runtime", "?"),
-            "tau_policy": _float(p.get("method.tau_policy")), "tau_advantage": _float(p.get("method.tau_advantage")),
+            # the bands in effect, as logged (older runs: the config's, which may be None for a method's default)
+            "tau_policy": _band(tags.get("tau_policy", p.get("method.tau_policy"))),
+            "tau_advantage": _band(tags.get("tau_advantage", p.get("method.tau_advantage"))),
             "staleness": _int(p.get("train.eta" if bounded else "train.staleness")), "seed": _int(p.get("train.seed")),
             "scored": bool(math.isfinite(objective)),
             "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),

@@ -100,11 +100,18 @@ class SweepSpace(BaseModel):
         if "method" in data:
             if "methods" in data:
                 raise ValueError("give `methods` or `method`, not both")
-            data["methods"] = [{"name": data.pop("method")}]
+            data["methods"] = [data.pop("method")]
         if not shared:
             return data
-        entries = [m if isinstance(m, dict) else ({"name": m} if isinstance(m, str) else m.model_dump())
-                   for m in data.get("methods", [{"name": "copc"}])]
+        given = data.get("methods", [{"name": "copc"}])
+        if not isinstance(given, list):
+            return data  # the field's own validation names the problem
+        entries = []
+        for m in given:
+            m = {"name": m} if isinstance(m, str) else (m.model_dump() if isinstance(m, SweptMethod) else m)
+            if not isinstance(m, dict) or not isinstance(m.get("name", "copc"), str):
+                return data
+            entries.append(dict(m))
         for band, values in shared.items():
             takers = [m for m in entries if has_band(preset(m.get("name", "copc")), band) and m.get(band) is None]
             if values is not None and not takers and not any(m.get(band) for m in entries):

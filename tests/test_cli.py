@@ -56,6 +56,16 @@ def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
     again = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), data_dir=tmp_path)
     assert again.returncode == 0
     assert json.loads((run_dir / "summary.json").read_text()) == summary
+    # the run is in MLflow (kind train) with its curves and summary, once: the rerun found it
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("copc")
+    (run,) = client.search_runs([exp.experiment_id], "tags.copc_kind = 'train'")
+    assert run.info.run_id in out.stdout and run.info.run_id in again.stdout
+    assert run.data.metrics["summary/steps_completed"] == 3 and run.data.tags["run_dir"] == str(run_dir)
+    assert len(client.get_metric_history(run.info.run_id, "reward/mean")) == 3
+    assert run.data.params["train.staleness"] == "1" and run.data.tags["machine.python"]
 
 
 def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it(tmp_path):
@@ -154,6 +164,35 @@ def test_train_task_search_switches_the_task_section(tmp_path):
     written = json.loads((tmp_path / "run" / "config.json").read_text())
     assert written["task"] == SearchTaskConfig().model_dump(mode="json")
     assert written["train"] == cfg.model_dump(mode="json")["train"]  # the rest of the file is kept
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--methods", "tis", "--tau-policy", "2"], "no method of the sweep has that band"),
+    (["--methods", "nope"], "unknown method 'nope'"),
+    (["--methods", "copc[sideways]"], "anchor"),
+    (["--methods", "copc[behavior"], "is not NAME or NAME[ANCHOR]"),
+    (["--methods", "sync_ppo", "--staleness", "4"], "the grid is empty"),
+    (["--seeds", "0,x"], "--seeds takes comma-separated integers"),
+    (["--staleness", "-1"], "staleness"),
+    (["--tau-advantage", "0.5"], "tau_advantage"),
+    (["--max-parallel", "0"], "max-parallel"),
+])
+def test_sweep_axis_flags_are_checked_before_anything_runs(tmp_path, args, needle):
+    out = copc("sweep", *args, data_dir=tmp_path)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_sweep_axis_flags_build_the_space():
+    from flows.cli import _space_with_axes
+    from sweeps.space import SweepSpace
+
+    space = _space_with_axes(SweepSpace(), "copc,copc[behavior],tis", "1.5,inf", "1,1.25", "0,16", "0,1,2", 7)
+    assert [m.key for m in space.methods] == ["copc", "copc[behavior]", "tis"]
+    assert space.methods[1].tau_policy == [1.5, float("inf")] and space.methods[1].tau_advantage == [1.0, 1.25]
+    assert space.methods[2].tau_policy is None and space.staleness == [0, 16] and space.seeds == [0, 1, 2]
+    assert space.steps == 7 and len(space.grid()) == (4 + 4 + 1) * 2 * 3
 
 
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):

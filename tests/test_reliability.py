@@ -383,16 +383,17 @@ def test_valid_edge_configs_run(tiny_warm_state):
 
 
 def test_a_one_point_grid_runs():
+    from copc_core.results import TrialResult
     from sweeps.space import SweepSpace
     from sweeps.study import open_study, pending_points, run_study
+    from tests.test_sweeps import summary
 
     space = SweepSpace(tau_policy=[2.0], tau_advantage=[2.0], staleness=[0], seeds=[0], steps=2)
     with tempfile.TemporaryDirectory() as tmp:
-        sweep = open_study("one", f"sqlite:///{tmp}/optuna.db", space)
-        done = run_study(sweep, space, pending_points(sweep, space), lambda params, on_result: [
-            on_result(i, {"summary": {"final_accuracy": 0.5, "peak_accuracy": 0.5, "auc_accuracy": 0.5,
-                                      "collapsed": False}}) for i in range(len(params))])
-        assert [d["state"] for d in done] == ["COMPLETE"] and pending_points(sweep, space) == []
+        sweep = open_study("one", f"sqlite:///{tmp}/optuna.db")
+        done = run_study(sweep, pending_points(sweep, space), lambda params, on_result: [
+            on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(params))])
+        assert [d.state for d in done] == ["COMPLETE"] and pending_points(sweep, space) == []
 
 
 # ---- flow parameters arrive from the Prefect API: paths and URLs are confined ----

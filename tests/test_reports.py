@@ -292,3 +292,32 @@ def test_reports_import_no_torch():
            "('torch', 'ray', 'prefect', 'optuna')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_heatmap_scale_is_pinned_ties_are_outlined_and_an_all_collapsed_level_says_so():
+    # k = 0: four cells tie at 0.8 (the rest 0.5); k = 4: every run collapsed (objective −0.496 everywhere)
+    def value(i, a, k):
+        return (0.8 if i < 2 and a < 2 else 0.5) if k == 0 else -0.496
+
+    records = grid_records(value, noise=(0.0, 0.0, 0.0))
+    for r in records:
+        if r["params"]["train.staleness"] == "4":
+            r["metrics"]["summary/collapsed"] = 1.0
+            r["tags"]["collapse_reason"] = "accuracy"
+    runs = frame(records)
+    cells = analysis.cell_stats(runs, n_boot=50)
+    fig = figures.heatmaps(cells, "copc")
+    assert {(t.zmin, t.zmax, t.zmid) for t in fig.data} == {(-1.0, 1.0, 0.0)}  # −0.496 is not "bright", whatever else
+    outlined = [s for s in fig.layout.shapes if s.xref == "x"]
+    assert len(outlined) == 4  # the four tied cells of k = 0, each outlined
+    assert "k = 4 (all collapsed)" in [a.text for a in fig.layout.annotations]
+    page = render(ReportData(title="t", runs=runs, curves=curves_frame(records), n_boot=50))
+    assert "4 cells tie (copc τp=1.5 τa=1, copc τp=1.5 τa=2, copc τp=2 τa=1, copc τp=2 τa=2)" in page
+    assert "every run at this k collapsed" in page and "✕ 3/3 collapsed" in str(fig.data[1].text)
+
+
+def test_report_links_one_plotly_copy_when_asked_and_tables_sort():
+    page = render(sample_report(), "plotly.min.js")
+    assert '<script type="text/javascript" src="plotly.min.js"></script>' in page
+    assert len(page) < 1_000_000  # the 4.8 MB library is not inside
+    assert 'class="sortable"' in page and "table.sortable th" in page

@@ -39,8 +39,8 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                                   stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT)
         try:
             params = {"params": {"name": "it", "data_dir": str(tmp_path), "base": tiny_config().model_dump(mode="json"),
-                                 "space": {"tau_policy": [2.0], "tau_advantage": [1.0, 2.0], "staleness": [1],
-                                           "seeds": [0], "steps": 2}}}
+                                 "space": {"methods": [{"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0, 2.0]},
+                                                       {"name": "tis"}], "staleness": [1], "seeds": [0], "steps": 2}}}
             trigger = textwrap.dedent(f"""
                 import json, time
                 from prefect.deployments import run_deployment
@@ -58,6 +58,12 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 run = run_deployment("copc-sweep/embedded", parameters=json.loads({json.dumps(json.dumps(params))}),
                                      timeout=600)
                 print("STATE", run.state.type.value)
+                from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+                with get_client(sync_client=True) as c:  # what the UI shows of this flow run: its log and artifact
+                    logs = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+                    arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+                print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
+                print("ARTIFACT", json.dumps([a.data for a in arts if a.key == "copc-sweep"]))
                 # a caller of the API may not choose where files are written
                 evil = run_deployment("copc-report/embedded", timeout=300, parameters={{"params": {{
                     "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
@@ -67,6 +73,10 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                                  timeout=900)
             assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
+            assert "TRIAL_LINES 3" in out.stdout  # a log line per trial in the flow run, as it ends
+            (artifact,) = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
+            assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
+            assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
             assert "EVIL FAILED" in out.stdout and not (tmp_path.parent / "evil").exists()
             assert "must lie inside the data folder" in (tmp_path / "serve.log").read_text()
         finally:
@@ -76,11 +86,13 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
         exp = client.get_experiment_by_name("copc")
         parent = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'sweep'")
         children = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'trial'")
-        assert len(parent) == 1 and len(children) == 2
+        assert len(parent) == 1 and len(children) == 3
+        assert sorted(c.data.tags["method"] for c in children) == ["copc", "copc", "tis"]
         assert all(c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for c in children)
         assert all("summary/final_accuracy" in c.data.metrics for c in children)
         study = optuna.load_study(study_name="it", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-        assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+        assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+        assert sorted(t.user_attrs["method"] for t in study.trials) == ["copc", "copc", "tis"]
         assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
 
 
@@ -201,3 +213,56 @@ def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path):
     while _listening(port) and time.time() < deadline:
         time.sleep(0.5)
     assert not _listening(port), "the temporary Prefect server outlived its command"
+
+
+def test_copc_dashboard_serves_the_sweeps_studies_on_loopback_and_stops_on_sigterm(tmp_path):
+    """optuna-dashboard over the data folder's storage: the study and its trials' user attributes are
+    served on 127.0.0.1; SIGTERM stops it cleanly (as `copc dashboard &` is stopped)."""
+    import signal
+    import urllib.request
+
+    from copc_core.results import TrialResult
+    from sweeps.space import SweepSpace
+    from sweeps.study import open_study, pending_points, run_study
+    from tests.test_sweeps import summary
+
+    space = SweepSpace(methods=["tis"], staleness=[0], seeds=[0], steps=2)
+    sweep = open_study("dash", f"sqlite:///{tmp_path / 'optuna.db'}")
+    run_study(sweep, pending_points(sweep, space),
+              lambda ps, on_result: on_result(0, TrialResult(summary(0.625), objective=0.625)))
+    port = free_port()
+    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not _listening(port):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(0.3)
+        studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30).read())
+        (study,) = studies["study_summaries"]
+        assert study["study_name"] == "dash"
+        detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}",
+                                                   timeout=30).read())
+        (trial,) = detail["trials"]
+        attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
+        assert trial["values"] == [0.625] and attrs["final_accuracy"] == "0.625" and attrs["method"] == "tis"
+        with socket.socket() as s:  # loopback only
+            s.settimeout(2)
+            other = socket.gethostbyname(socket.gethostname())
+            assert other.startswith("127.") or s.connect_ex((other, port)) != 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError("the dashboard did not stop on SIGTERM: " + err[-3000:]) from None
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+
+
+def test_copc_dashboard_without_a_storage_exits_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "dashboard"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)), timeout=120)
+    assert out.returncode == 2 and "run a sweep first" in out.stderr and not (tmp_path / "optuna.db").exists()
