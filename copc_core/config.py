@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, Field, model_validator
 
-from copc_core.methods import FROZEN, Anchor, MethodSpec, method_spec, preset
+from copc_core.methods import FROZEN, Anchor, MethodSpec, method_names, method_spec, preset
 
 SEED_MAX = 2**31 - 1  # seeds feed Python's and torch's generators; the limits below are ones a laptop can hold
 
@@ -26,7 +26,8 @@ class MethodConfig(BaseModel):
 
     model_config = FROZEN
 
-    name: str = "copc"
+    # a choice in generated forms (the Prefect UI); validated against the registry with its own message
+    name: str = Field("copc", json_schema_extra={"enum": method_names()}, description="registry method (`copc methods`)")
     tau_policy: float | None = Field(None, ge=1.0, description="policy mask band τ_p ≥ 1 (COPC channel 1)")
     tau_advantage: float | None = Field(None, ge=1.0, description="advantage clip band τ_a ≥ 1 (COPC channel 2)")
     policy_weight: Literal["ratio", "one"] | None = None

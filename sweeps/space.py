@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.config import MethodConfig, RunConfig, with_overrides
-from copc_core.methods import Anchor, has_band, preset
+from copc_core.methods import Anchor, has_band, method_names, preset
 from copc_core.stability import RunSummary
 
 Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no clip")]
@@ -39,7 +39,7 @@ class SweptMethod(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
-    name: str = Field("copc", description="a registry method (`copc methods`)")
+    name: str = Field("copc", json_schema_extra={"enum": method_names()}, description="a registry method (`copc methods`)")
     tau_policy: list[Band] | None = Field(None, min_length=1, description="τ_p values (None: the method's own, "
                                                                           "or none if it has no τ_p)")
     tau_advantage: list[Band] | None = Field(None, min_length=1, description="τ_a values (None: as τ_p)")
