@@ -397,8 +397,8 @@ def sweep(
     except StudyFormatError as err:
         _fail(str(err))
     # the per-cell table went to the flow's log (on this console too)
-    if result["best_point"] is not None:
-        typer.echo(f"best: {result['best_point']} → {result['best_value']:.3f}")
+    for line in result["best_per_level"]:
+        typer.echo(f"best {line}")
     typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
                f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else ""))
     typer.echo(f"HTML report: {result['report']}")

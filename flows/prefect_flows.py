@@ -128,7 +128,7 @@ def copc_train(params: TrainParams) -> dict:
 def copc_sweep(params: SweepParams) -> dict:
     """Run a sweep (every trial's line in this flow run's log), publish its table as an artifact with
     links to the MLflow runs and the report, and build the report."""
-    from flows.sweep_job import grid_table, run_sweep, sweep_rows
+    from flows.sweep_job import best_per_level, grid_table, run_sweep, sweep_rows
     from reports.build import mlflow_ui_for
     from reports.frames import run_url
 
@@ -141,13 +141,13 @@ def copc_sweep(params: SweepParams) -> dict:
                                                       "data_dir": params.data_dir}, context=LOCAL_CALLER))
     ui = mlflow_ui_for(result.tracking_uri)
     experiment = _experiment_of(result)
-    best = result.best
-    publish_markdown("copc-sweep", _sweep_markdown(params, result, sweep_rows(result.study, params.space), report["path"],
-                                                   ui, experiment, run_url), "joint sweep")
+    rows = sweep_rows(result.study, params.space)
+    best = best_per_level(rows, params.space.schedule)
+    publish_markdown("copc-sweep", _sweep_markdown(params, result, rows, best, report["path"], ui, experiment, run_url),
+                     "joint sweep")
     return {"parent_run_id": result.parent_run_id, "trials": len(result.outcomes), "table": table,
             "report": report["path"], "failed": result.failed, "storage": result.storage,
-            "tracking_uri": result.tracking_uri, "best_value": best.value if best else None,
-            "best_point": _point_text(best) if best else None}
+            "tracking_uri": result.tracking_uri, "best_per_level": best}
 
 
 def _experiment_of(result) -> str:
@@ -156,26 +156,18 @@ def _experiment_of(result) -> str:
     return Tracker(result.tracking_uri).experiment_id
 
 
-def _point_text(trial) -> str:
-    from sweeps.space import point_label
-    from sweeps.study import trial_point
-
-    return point_label(trial_point(trial))
-
-
 def _fmt(v) -> str:
     return "—" if v is None or v != v else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
-def _sweep_markdown(params: SweepParams, result, rows: list[dict], report: str, ui: str, experiment: str,
-                    run_url) -> str:
+def _sweep_markdown(params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str,
+                    experiment: str, run_url) -> str:
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
     from sweeps.space import point_label
 
-    best = result.best
-    lines = [f"### Sweep {params.name}", "",
-             f"best: **{_point_text(best)}** → {best.value:.3f}" if best else "best: none finished", "",
+    lines = [f"### Sweep {params.name}", "", "best cell per staleness level (seed mean):", "",
+             *(f"- {b}" for b in best or ["none finished"]), "",
              f"report: `{report}` (also the artifact `report/` of the [parent run]"
              f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`", "",
              "| method | τ_p | τ_a | k | seeds | objective mean | sd | final mean | sd | collapsed |",

@@ -141,6 +141,24 @@ def sweep_rows(study, space: SweepSpace) -> list[dict[str, Any]]:
     return rows
 
 
+def best_per_level(rows: list[dict[str, Any]], schedule: str = "lag") -> list[str]:
+    """Per staleness level, the best cell(s) by seed-mean objective over every method: ties all named."""
+    level = "k" if schedule == "lag" else "η"
+    out = []
+    for k in sorted({r["staleness"] for r in rows}):
+        at = [r for r in rows if r["staleness"] == k and r["seeds"]]
+        if not at:
+            continue
+        top = max(r["objective_mean"] for r in at)
+        tied = [r for r in at if abs(r["objective_mean"] - top) < 1e-9]
+        names = [" ".join([r["method"]] + [f"{n}={r[b]:g}" for n, b in (("tp", "tau_policy"), ("ta", "tau_advantage"))
+                                           if r[b] is not None]) for r in tied]
+        collapsed = all(r["collapsed"] == r["seeds"] for r in at)
+        out.append(f"{level}={k}: {top:.3f} " + (names[0] if len(names) == 1 else f"({len(names)} cells tie: "
+                                                  f"{', '.join(names)})") + (" — every run collapsed" if collapsed else ""))
+    return out
+
+
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 

@@ -391,3 +391,17 @@ def test_a_study_of_the_older_categorical_format_is_refused_with_a_clear_error(t
     old.tell(old.ask({"seed": optuna.distributions.CategoricalDistribution([0])}), 0.5)
     with pytest.raises(StudyFormatError, match="older copc.*new name"):
         open_study("old", storage)
+
+
+def test_best_per_level_names_every_tied_cell_and_says_when_all_collapsed():
+    from flows.sweep_job import best_per_level
+
+    def row(method, tp, ta, k, mean, collapsed=0, seeds=2):
+        return {"method": method, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seeds": seeds,
+                "objective_mean": mean, "objective_sd": 0.0, "final_mean": mean, "final_sd": 0.0, "collapsed": collapsed}
+
+    rows = [row("copc", 2.0, 1.0, 0, 0.9), row("copc", 2.0, 2.0, 0, 0.9), row("tis", None, None, 0, 0.8),
+            row("copc", 2.0, 1.0, 4, -0.5, 2), row("copc", 2.0, 2.0, 4, -0.496, 2), row("tis", None, None, 4, -0.5, 2),
+            row("copc", 4.0, 1.0, 4, 0.0, seeds=0)]  # a cell with no finished run does not compete
+    assert best_per_level(rows) == ["k=0: 0.900 (2 cells tie: copc tp=2 ta=1, copc tp=2 ta=2)",
+                                     "k=4: -0.496 copc tp=2 ta=2 — every run collapsed"]
