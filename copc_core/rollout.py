@@ -15,7 +15,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from copc_core.tensors import NonFiniteError
 from copc_core.tasks.base import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -27,6 +26,7 @@ from copc_core.tasks.base import (
     Task,
     count_tool_calls,
 )
+from copc_core.tensors import NonFiniteError
 
 
 @dataclass

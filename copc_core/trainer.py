@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import torch
 
+from copc_core.backends import build_model, make_engine, snapshot
 from copc_core.config import RunConfig
 from copc_core.learner import Learner
 from copc_core.rollout import RolloutEngine, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tasks import make_task
 from copc_core.tensors import NonFiniteError
-from copc_core.backends import build_model, make_engine, snapshot
 
 WARMUP_KEY_OFFSET = 20_000_000  # problem/sampling keys of critic warm-up batches never meet those of steps
 

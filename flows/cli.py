@@ -26,12 +26,11 @@ def _prefect_api():
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
+    from prefect.logging.handlers import APILogHandler
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from infra.local_stack import ServerDownError, temporary_prefect_server
     from infra.settings import data_dir
-
-    from prefect.logging.handlers import APILogHandler
 
     try:
         with temporary_prefect_server(data_dir()) as api, temporary_settings(updates={PREFECT_API_URL: api}):
@@ -425,7 +424,8 @@ def report(
     except ValidationError as err:
         _fail(_validation_message(err))
     from infra.settings import data_dir
-    from infra.tracking import read_sweeps, tracking_uri as default_uri
+    from infra.tracking import read_sweeps
+    from infra.tracking import tracking_uri as default_uri
 
     try:  # fail before Prefect starts when there is nothing to report
         read_sweeps(default_uri(data_dir(), tracking_uri), params.sweeps, [])

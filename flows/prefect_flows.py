@@ -17,7 +17,6 @@ from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
 from sweeps.space import SweepName, SweepSpace
 
-
 LOCAL_CALLER = {"local_caller": True}  # validation context of the CLI: its user chooses paths freely
 
 

@@ -26,12 +26,12 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     told to Optuna, as it ends. `progress` (a logger: the Prefect flow's) gets a line per trial."""
     from tqdm import tqdm
 
+    from copc_core.warmstart import warm_start_key
     from infra.checkpoints import cached_warm_start
     from infra.local_stack import require_servers
     from infra.ray_runtime import init_ray
     from infra.sweep_runs import run_trials
     from infra.tracking import Tracker, machine_tags, tracking_uri
-    from copc_core.warmstart import warm_start_key
 
     say = progress or log
     storage = storage or f"sqlite:///{data / 'optuna.db'}"
@@ -96,8 +96,8 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
         recovered = [p for p in points if hashes[point_key(p)] in logged]
         if recovered:
             say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
-            outcomes += run_study(sweep, recovered, lambda batch, on_result: [
-                on_result(i, logged[hashes[point_key(p)]]) for i, p in enumerate(batch)])
+            outcomes += run_study(sweep, recovered, lambda batch, on_result: [  # called here, in this iteration
+                on_result(i, logged[hashes[point_key(p)]]) for i, p in enumerate(batch)])  # noqa: B023
         fresh = [p for p in points if hashes[point_key(p)] not in logged]
         if fresh:
             outcomes += run_study(sweep, fresh, run_points)
@@ -183,7 +183,10 @@ def grid_table(study, space: SweepSpace) -> str:
     for k in space.staleness:
         at = [r for r in rows if r["staleness"] == k and r["seeds"]]
         best = max((r["objective_mean"] for r in at), default=None)
-        mark = lambda r: "*" if best is not None and r["seeds"] and abs(r["objective_mean"] - best) < 1e-9 else " "  # noqa: E731
+
+        def mark(r: dict, best: float | None = best) -> str:
+            return "*" if best is not None and r["seeds"] and abs(r["objective_mean"] - best) < 1e-9 else " "
+
         lines.append(f"{level} = {k}" + ("   (all collapsed)" if at and all(r["collapsed"] == r["seeds"] for r in at)
                                          else ""))
         for m in space.methods:

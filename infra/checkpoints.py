@@ -89,7 +89,7 @@ def _read_verified(path: pathlib.Path) -> dict:
     try:
         return torch.load(path, weights_only=True)
     except Exception as err:  # any failure to read is reported with its cause, never swallowed
-        raise ValueError(f"does not load: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        raise ValueError(f"does not load: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
 
 
 def load_checkpoint(path: pathlib.Path) -> dict:

@@ -42,7 +42,7 @@ def pack(state: dict[str, Tensor]) -> PackedWeights:
         offset += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
     buffer = np.empty(offset, dtype=np.uint8)
     flat = torch.from_numpy(buffer)
-    for (name, dtype, shape, start), tensor in zip(layout, state.values()):
+    for (_name, _dtype, _shape, start), tensor in zip(layout, state.values()):
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes:
             flat[start : start + nbytes].copy_(tensor.detach().reshape(-1).view(torch.uint8))

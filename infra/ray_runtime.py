@@ -39,15 +39,14 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from copc_core.backends import build_model, make_engine, snapshot
 from copc_core.config import RunConfig
 from copc_core.learner import Learner
 from copc_core.rollout import TrajectoryBatch, episode_stats
 from copc_core.stability import RunSummary, summarise
 from copc_core.tensors import NonFiniteError
-from copc_core.backends import build_model, make_engine, snapshot
 from copc_core.trainer import WARMUP_KEY_OFFSET, ProblemStream, behavior_version, evaluate, sampling_generator
 from infra.packed_weights import PackedWeights, pack, unpack
-
 
 CHUNK_KEY_OFFSET = 10_000_000  # seed keys of free-running chunks never meet those of lag-k steps
 
@@ -448,7 +447,7 @@ class RayTrainer:
             request = in_flight.pop(chunk)
             done[chunk] = self._collect(request, f"rollout chunk {chunk}")
             free.append(busy.pop(chunk))
-        for c, request in in_flight.items():  # leave nothing running behind us
+        for request in in_flight.values():  # leave nothing running behind us
             ray.cancel(request["ref"], force=False)
         return self.summary()
 

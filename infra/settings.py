@@ -46,7 +46,7 @@ def confined_store_uri(uri: str, what: str) -> str:
     if "://" not in uri:  # a bare path is a file store
         inside_data_folder(uri, what)
         return uri
-    if not uri.split("://", 1)[0].lower() in ("http", "https", "postgresql", "postgresql+psycopg2", "mysql",
+    if uri.split("://", 1)[0].lower() not in ("http", "https", "postgresql", "postgresql+psycopg2", "mysql",
                                                "mysql+pymysql", "databricks"):
         raise OutsideDataFolderError(f"{what}: unsupported scheme in {uri!r}")
     return uri

@@ -136,7 +136,7 @@ def render(records: list[dict], spec: dict, title: str = "COPC exact bias/varian
                            ("moves", "moves with τ_a", lambda r: '<b class="bad">yes</b>' if r["moves"] else "no")],
                    "optimum-moves"),
              figure_div(optimum_lines(opt), "optimum-lines")]
-    for i, (metric, label) in enumerate(METRICS):
+    for metric, label in METRICS:
         parts += [f"<h2>{esc(label)}</h2>", figure_div(heatmaps(bv, opt, metric, label), f"bv-{metric}")]
     parts += ["<h2>All points</h2>", table(bv, [("staleness", "ε", None), ("tau_policy", "τ_p", None),
                                                  ("tau_advantage", "τ_a", None),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go

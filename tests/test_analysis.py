@@ -6,7 +6,15 @@ import math
 import pytest
 import torch
 
-from copc_core.analysis.token_mdp import decompose, grad_log_probs, make_mdp, sample_tokens, state_values, token_log_probs, updates
+from copc_core.analysis.token_mdp import (
+    decompose,
+    grad_log_probs,
+    make_mdp,
+    sample_tokens,
+    state_values,
+    token_log_probs,
+    updates,
+)
 from copc_core.config import MethodConfig
 
 CASES = [("copc", {"tau_policy": 2.0, "tau_advantage": 2.0}), ("copc", {"tau_policy": 1.5, "tau_advantage": 4.0}),

@@ -7,6 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from copc_core.backends import build_model, make_engine
 from copc_core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, WarmStartConfig, with_overrides
 from copc_core.hf import CHAT_TEMPLATE, HFCodec, load_tokenizer, save_tiny_model, segments
 from copc_core.learner import response_logprobs
@@ -14,9 +15,7 @@ from copc_core.rollout import ToolEpisodes
 from copc_core.tasks import make_task
 from copc_core.tasks.base import TOOL_GRAMMAR_PROMPT
 from copc_core.tasks.tool_math import calculator
-from copc_core.backends import make_engine
 from copc_core.trainer import Trainer, sampling_generator
-from copc_core.backends import build_model
 from copc_core.warmstart import warm_start
 
 

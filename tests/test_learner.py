@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from copc_core.advantages import masked_whiten
+from copc_core.backends import build_model, make_engine
 from copc_core.config import with_overrides
 from copc_core.corrections import behavior_log_ratio
-from copc_core.backends import build_model, make_engine
 from copc_core.diagnostics import sequence_effective_sample_size
 from copc_core.learner import CRITIC_PARAMETERS, Learner, response_distributions, response_logprobs, rows_logprobs
 from copc_core.losses import clipped_value_loss, ppo_actor_loss

@@ -17,7 +17,6 @@ import time
 import pytest
 import ray
 
-
 pytestmark = pytest.mark.slow
 
 

@@ -86,7 +86,8 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
 def test_bias_variance_page_renders_its_heatmaps_and_optimum_markers(browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from reports.bias_variance import METRICS, render as render_bv
+    from reports.bias_variance import METRICS
+    from reports.bias_variance import render as render_bv
     from tests.test_bias_variance_report import coupled, records
 
     path = tmp_path / "analysis.html"

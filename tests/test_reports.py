@@ -1,6 +1,5 @@
 """Reports on synthetic run records: frames, coupling statistics with known answers, figure data, HTML."""
 
-import itertools
 import math
 import subprocess
 import sys

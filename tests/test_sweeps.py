@@ -138,9 +138,9 @@ def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(t
 
 
 def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
+    from copc_core.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra.checkpoints import save_checkpoint
-    from copc_core.warmstart import warm_start_key
 
     base = tiny_config()
     save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
@@ -288,7 +288,6 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
 def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state):
     """The second joins: it runs what nobody runs and waits for the rest; no trial is failed for being
     live, no result is lost, and MLflow holds one run per point."""
-    import os
     import time
 
     env = _sweep_files(tmp_path, tiny_warm_state, steps=12)

@@ -79,11 +79,10 @@ def gpu_setup(tmp_path_factory):
 
 @pytest.mark.gpu
 def test_vllm_samples_tool_episodes_with_the_learners_log_probs(gpu_setup):
+    from copc_core.backends import build_model, make_engine
     from copc_core.learner import response_logprobs
     from copc_core.tasks import make_task
-    from copc_core.backends import make_engine
     from copc_core.trainer import sampling_generator
-    from copc_core.backends import build_model
 
     cfg, warm = gpu_setup
     engine = make_engine(cfg)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator

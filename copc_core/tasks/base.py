@@ -10,7 +10,8 @@ interface.
 from __future__ import annotations
 
 import random
-from typing import Hashable, Protocol
+from collections.abc import Hashable
+from typing import Protocol
 
 PAD, CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "_", "[", "]", ";", ".", "?"
 SPECIALS = CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
