@@ -16,21 +16,7 @@ import torch
 
 from copc_core.advantages import copc_advantages, gae_advantages
 from copc_core.corrections import behavior_log_ratio
-
-
-def verl_loop_gae(rewards, values, response_mask, gamma, lam):
-    """verl `compute_gae_advantage_return` (per-timestep loop with skip-carry), before whitening."""
-    nextvalues = 0
-    lastgaelam = 0
-    advantages_reversed = []
-    for t in reversed(range(rewards.shape[-1])):
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam_ = delta + gamma * lam * lastgaelam
-        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
+from tests.references import verl_gae as verl_loop_gae  # the one copy of verl's loop, the tests' reference
 
 
 def main() -> None:

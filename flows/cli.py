@@ -7,14 +7,14 @@ import json
 import os
 import pathlib
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
 
