@@ -89,11 +89,10 @@ def main() -> None:
     if min(args.staleness) < 1:
         parser.error("--staleness: every lag must be >= 1 (k = 0 is the sync baseline, always run)")
     from infra.checkpoints import cached_warm_start
-    from infra.ray_runtime import RayResources, RayTrainer, init_ray
+    from infra.ray_runtime import RayTrainer, init_ray
     from infra.settings import data_dir
 
     init_ray(num_cpus=2)
-    resources = RayResources(rollout_workers=1, rollout_cpus=1, learner_cpus=1, torch_threads=1)
     runs = [("sync_ppo k=0", "sync_ppo", 0)]
     for k in args.staleness:
         runs += [(f"async_ppo k={k}", "async_ppo", k), (f"copc k={k}", "copc", k)]
@@ -107,7 +106,7 @@ def main() -> None:
         for label, method, lag in runs if round_index % 2 else runs[::-1]:
             cfg = with_overrides(RunConfig(), {"method.name": method, "train.staleness": lag,
                                                "train.steps": args.steps, "train.eval_every": 10_000})
-            rt = RayTrainer(cfg, cached_warm_start(cfg, data_dir() / "cache"), resources)
+            rt = RayTrainer(cfg, cached_warm_start(cfg, data_dir() / "cache"))  # 1 worker + 1 learner, 1 CPU each
             rt.run()
             rt.shutdown()
             rows = rt.history[3:]

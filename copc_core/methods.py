@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from copc_core.advantages import AdvantageOutput, trace_coefficients, traced_advantages
+from copc_core.advantages import AdvantageOutput, copc_advantages, gae_advantages, trace_coefficients
 from copc_core.corrections import (
     PolicyCorrection,
     anchor_log_prob,
@@ -345,9 +345,13 @@ def estimate_advantages(
     lam: float,
     bootstrap_value: Tensor | None = None,
 ) -> AdvantageEstimate:
-    """Channel 2 of `side`: advantages, critic targets and the trace used. Shapes: [B, T]."""
+    """Channel 2 of `side`: advantages, critic targets and the trace used. Shapes: [B, T].
+
+    Runs the named estimators the tests check (`gae_advantages`, `copc_advantages`); the trace is
+    recomputed beside them for the diagnostics (an elementwise clip)."""
     if side.kind == "gae":
-        return AdvantageEstimate(traced_advantages(rewards, values, mask, None, gamma, lam, bootstrap_value), None)
-    trace = trace_coefficients(log_ratio, side.tau, side.clip == "one_sided")
-    output = traced_advantages(rewards, values, mask, trace, gamma, lam, bootstrap_value, side.return_target == "traced")
-    return AdvantageEstimate(output, trace)
+        return AdvantageEstimate(gae_advantages(rewards, values, mask, gamma, lam, bootstrap_value), None)
+    one_sided = side.clip == "one_sided"
+    output = copc_advantages(rewards, values, mask, log_ratio, gamma, lam, side.tau, one_sided,
+                             side.return_target == "traced", bootstrap_value)
+    return AdvantageEstimate(output, trace_coefficients(log_ratio, side.tau, one_sided))

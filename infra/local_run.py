@@ -87,12 +87,12 @@ def train_on_ray(
     where no learner step is queued ahead. Bounded staleness (`train.eta`): free-running sampling;
     a resumed run samples the chunks that were in flight again.
     """
-    from infra.ray_runtime import RayResources, RayTrainer, init_ray
+    from infra.ray_runtime import RayTrainer, init_ray
 
     run_dir = _start_run_dir(config, run_dir)
     warm = cached_warm_start(config, cache_dir, on_warm_start)
     init_ray(address)
-    trainer = RayTrainer(config, warm, RayResources.from_config(config))
+    trainer = RayTrainer(config, warm)
     checkpoint = run_dir / CHECKPOINT
     hook = _checkpointing(checkpoint, checkpoint_every, on_step)
     t = config.train

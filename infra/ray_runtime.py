@@ -55,26 +55,6 @@ class RuntimeTimeoutError(TimeoutError):
     """A Ray call did not answer in time (weight sync, sampling, a learner step)."""
 
 
-@dataclass(frozen=True)
-class RayResources:
-    """Per-actor resources (from config or CLI): CPUs, GPUs and torch threads."""
-
-    rollout_workers: int = 1
-    rollout_cpus: float = 1.0
-    learner_cpus: float = 1.0
-    rollout_gpus: float = 0.0
-    learner_gpus: float = 0.0
-    torch_threads: int = 1
-    timeout_s: float = 300.0
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> RayResources:
-        r = config.resources
-        return cls(rollout_workers=r.rollout_workers, rollout_cpus=r.rollout_cpus, learner_cpus=r.learner_cpus,
-                   rollout_gpus=r.rollout_gpus, learner_gpus=r.learner_gpus, torch_threads=config.train.torch_threads,
-                   timeout_s=r.timeout_s)
-
-
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join a cluster at `address`, or start a local Ray with its node address 127.0.0.1 (no dashboard).
 
@@ -217,12 +197,15 @@ class Counters:
 class RayTrainer:
     """Drives one run on Ray; the in-process `Trainer`'s twin with overlap and faults handled."""
 
-    def __init__(self, config: RunConfig, warm_state: dict, resources: RayResources = RayResources()):
+    def __init__(self, config: RunConfig, warm_state: dict):
+        """Actors as `config.resources` sizes them (CPUs, GPUs, rollout workers, call timeout), each with
+        `config.train.torch_threads` torch threads."""
         self.config = config
-        self.resources = resources
+        self.resources = resources = config.resources
+        self.threads = config.train.torch_threads
         self.config_json = config.model_dump_json()
         self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
-            self.config_json, warm_state, resources.torch_threads)
+            self.config_json, warm_state, self.threads)
         self.workers = [self._new_worker() for _ in range(resources.rollout_workers)]
         self.versions: dict[int, ray.ObjectRef] = {0: ray.put(pack(warm_state))}  # version → PackedWeights
         self.step = 0
@@ -240,7 +223,7 @@ class RayTrainer:
     def _new_worker(self):
         r = self.resources
         return RolloutWorker.options(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus).remote(
-            self.config_json, r.torch_threads)
+            self.config_json, self.threads)
 
     def _get(self, ref, what: str):
         try:

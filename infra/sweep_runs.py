@@ -34,9 +34,9 @@ BOUNDED = "ray (bounded staleness)"
 def _train_bounded(config: RunConfig, cache_dir: pathlib.Path) -> dict:
     """A bounded-staleness trial: rollout workers and a learner as actors (config.resources)."""
     from infra.checkpoints import cached_warm_start
-    from infra.ray_runtime import RayResources, RayTrainer
+    from infra.ray_runtime import RayTrainer
 
-    trainer = RayTrainer(config, cached_warm_start(config, cache_dir), RayResources.from_config(config))
+    trainer = RayTrainer(config, cached_warm_start(config, cache_dir))
     try:
         summary = trainer.run_bounded(config.train.eta, config.train.eta_chunk)
     finally:

@@ -140,7 +140,7 @@ def test_a_few_copc_steps_with_stale_rollouts(tiny_dir, hf_warm, separate_critic
 
 @pytest.mark.slow
 def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_dir, hf_warm, local_ray):
-    from infra.ray_runtime import RayResources, RayTrainer
+    from infra.ray_runtime import RayTrainer
 
     cfg = with_overrides(hf_config(tiny_dir, staleness=1, steps=3), {"train.eval_every": 3})
     threads = torch.get_num_threads()
@@ -151,7 +151,7 @@ def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_di
     finally:
         torch.set_num_threads(threads)
     # an actor's first call imports transformers and builds the model: minutes on a loaded 2-core machine
-    rt = RayTrainer(cfg, hf_warm, RayResources(rollout_cpus=0.5, learner_cpus=0.5, timeout_s=600))
+    rt = RayTrainer(with_overrides(cfg, {"resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5, "resources.timeout_s": 600}), hf_warm)
     try:
         rt.run()
     finally:

@@ -51,11 +51,12 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
             import ray
             from tests.conftest import tiny_config
             from copc_core.warmstart import warm_start
-            from infra.ray_runtime import RayResources, RayTrainer, init_ray
+            from copc_core.config import with_overrides
+            from infra.ray_runtime import RayTrainer, init_ray
             init_ray(address={address!r})
             alive = [n for n in ray.nodes() if n["Alive"]]
             cfg = tiny_config(method="copc", staleness=1, steps=2)
-            rt = RayTrainer(cfg, warm_start(cfg), RayResources(rollout_cpus=1, learner_cpus=1, timeout_s=120))
+            rt = RayTrainer(with_overrides(cfg, {{"resources.timeout_s": 120}}), warm_start(cfg))
             s = rt.run()
             print("NODES", len(alive), "STEPS", s.steps_completed, "EPISODES", rt.counters.episodes_consumed)
         """)

@@ -4,13 +4,20 @@ import pytest
 import ray
 import torch
 
+from copc_core.config import with_overrides
 from copc_core.trainer import Trainer
 from infra.packed_weights import unpack
-from infra.ray_runtime import LearnerActor, RayResources, RayTrainer, RuntimeTimeoutError
+from infra.ray_runtime import LearnerActor, RayTrainer, RuntimeTimeoutError
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
-HALF = RayResources(rollout_workers=1, rollout_cpus=0.5, learner_cpus=0.5, timeout_s=120)
+HALF = {"resources.rollout_workers": 1, "resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5,
+        "resources.timeout_s": 120}
+
+
+def sized(cfg, resources=HALF):
+    """`cfg` with its Ray actors sized for a 2-core test machine."""
+    return with_overrides(cfg, resources)
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +44,7 @@ def in_process(cfg, warm):
 def test_controlled_lag_matches_the_in_process_trainer(tiny_warm_state, k):
     cfg = tiny_config(method="copc", staleness=k, steps=4)
     reference = in_process(cfg, tiny_warm_state)
-    rt = RayTrainer(cfg, tiny_warm_state, HALF)
+    rt = RayTrainer(sized(cfg), tiny_warm_state)
     try:
         rt.run()
     finally:
@@ -57,7 +64,7 @@ def test_uniform_lag_and_critic_warmup_match_the_in_process_trainer(tiny_warm_st
                          {"train.lag": "uniform", "train.critic_warmup_steps": 2, "model.separate_critic": True})
     warm = {**tiny_warm_state, **_critic_trunk(cfg)}
     reference = in_process(cfg, warm)
-    rt = RayTrainer(cfg, warm, HALF)
+    rt = RayTrainer(sized(cfg), warm)
     try:
         rt.run()
     finally:
@@ -96,10 +103,10 @@ def test_bounded_staleness_through_the_front_door(tiny_warm_state, tmp_path):
 
 def test_a_killed_rollout_actor_is_replaced_and_nothing_is_lost_or_doubled(tiny_warm_state):
     cfg = tiny_config(method="copc", staleness=1, steps=5)
-    clean = RayTrainer(cfg, tiny_warm_state, HALF)
+    clean = RayTrainer(sized(cfg), tiny_warm_state)
     clean.run()
     clean.shutdown()
-    faulty = RayTrainer(cfg, tiny_warm_state, HALF)
+    faulty = RayTrainer(sized(cfg), tiny_warm_state)
     killed = []
 
     def kill_at_step_2(rt):
@@ -124,8 +131,7 @@ def test_a_killed_rollout_actor_is_replaced_and_nothing_is_lost_or_doubled(tiny_
 @pytest.mark.parametrize("eta", [0, 1, 2])
 def test_bounded_staleness_never_exceeds_eta(tiny_warm_state, eta):
     cfg = tiny_config(method="copc", steps=6)
-    rt = RayTrainer(cfg, tiny_warm_state, RayResources(rollout_workers=2, rollout_cpus=0.5, learner_cpus=0.5,
-                                                       timeout_s=120))
+    rt = RayTrainer(sized(cfg, {**HALF, "resources.rollout_workers": 2}), tiny_warm_state)
     try:
         summary = rt.run_bounded(eta=eta, chunk_size=4)
     finally:
@@ -142,7 +148,8 @@ def test_bounded_staleness_never_exceeds_eta(tiny_warm_state, eta):
 def test_waits_time_out_with_a_clear_error(tiny_warm_state):
     cfg = tiny_config(steps=2)
     # a worker that can never be scheduled: the first wait must fail loudly, not hang
-    rt = RayTrainer(cfg, tiny_warm_state, RayResources(rollout_cpus=64, learner_cpus=0.5, timeout_s=3))
+    rt = RayTrainer(sized(cfg, {"resources.rollout_cpus": 64, "resources.learner_cpus": 0.5, "resources.timeout_s": 3}),
+                    tiny_warm_state)
     try:
         with pytest.raises(RuntimeTimeoutError, match="no answer within 3 s while waiting for evaluation"):
             rt.run()
@@ -166,12 +173,12 @@ def stop_at(step: int):
 
 def test_resume_restores_weights_history_and_counters(tiny_warm_state):
     cfg = tiny_config(method="copc", staleness=1, steps=5)
-    straight = RayTrainer(cfg, tiny_warm_state, HALF)
+    straight = RayTrainer(sized(cfg), tiny_warm_state)
     try:
         straight.run()
     finally:
         straight.shutdown()
-    first = RayTrainer(cfg, tiny_warm_state, HALF)
+    first = RayTrainer(sized(cfg), tiny_warm_state)
     try:
         with pytest.raises(_Stop):
             first.run(stop_at(3), barrier_every=3)  # at step 3 nothing is queued behind: a consistent state
@@ -180,7 +187,7 @@ def test_resume_restores_weights_history_and_counters(tiny_warm_state):
         first.shutdown()
     assert state["step"] == 3 and state["learner"]["version"] == 3
     assert state["counters"]["episodes_consumed"] == 3 * cfg.train.batch_size
-    resumed = RayTrainer(cfg, tiny_warm_state, HALF)
+    resumed = RayTrainer(sized(cfg), tiny_warm_state)
     try:
         resumed.load_state_dict(state)
         resumed.run()
@@ -196,7 +203,7 @@ def test_state_is_refused_while_a_learner_step_is_queued(tiny_warm_state):
     """Between barriers (k ≥ 1) step v + 1 is already queued on the learner when step v returns: a
     state taken then would pair the learner of one step with the history of another."""
     cfg = tiny_config(method="copc", staleness=1, steps=5)
-    rt = RayTrainer(cfg, tiny_warm_state, HALF)
+    rt = RayTrainer(sized(cfg), tiny_warm_state)
     try:
         with pytest.raises(_Stop):
             rt.run(stop_at(2))
@@ -221,7 +228,7 @@ class _PoisonedLearner(LearnerActor.__ray_actor_class__):
 
 def test_a_non_finite_step_stops_the_run_and_the_step_queued_behind_it_changes_nothing(tiny_warm_state):
     cfg = tiny_config(method="copc", staleness=1, steps=6)
-    rt = RayTrainer(cfg, tiny_warm_state, HALF)
+    rt = RayTrainer(sized(cfg), tiny_warm_state)
     ray.kill(rt.learner)
     rt.learner = ray.remote(_PoisonedLearner).options(num_cpus=0.5).remote(rt.config_json, tiny_warm_state, 1)
     try:
