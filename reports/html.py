@@ -221,9 +221,10 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
 PLOTLY_FILE = "plotly.min.js"  # the one copy beside the reports of a folder (no network needed)
 
 _SORT = """
-document.querySelectorAll("table.sortable th").forEach(function (th, col) {
+document.querySelectorAll("table.sortable th").forEach(function (th) {
   th.style.cursor = "pointer"; th.title = "sort";
   th.addEventListener("click", function () {
+    var col = th.cellIndex;
     var body = th.closest("table").tBodies[0], rows = Array.from(body.rows), up = th.dataset.dir !== "up";
     th.dataset.dir = up ? "up" : "down";
     var key = function (r) { var t = r.cells[col] ? r.cells[col].innerText.trim() : "";

@@ -107,3 +107,69 @@ def test_bias_variance_page_renders_its_heatmaps_and_optimum_markers(browser, tm
     shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "analysis.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_report_beside_one_plotly_copy_outlines_the_best_cells_and_sorts_its_tables(browser, tmp_path):
+    """The report as `build_report` writes it (plotly.js a file beside it, not inlined): the best cell of each
+    heatmap panel is outlined in the drawn SVG, and a click on a column header sorts the runs table."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from reports.build import write_plotly_beside
+
+    path = tmp_path / "report.html"
+    plotly = write_plotly_beside(path)
+    path.write_text(render(sample_report(NAME), plotly.name), encoding="utf-8")
+    assert path.stat().st_size < 1_000_000
+    browser.get(path.as_uri())
+    WebDriverWait(browser, 60).until(lambda d: d.execute_script(
+        "return document.getElementById('heatmap-0') && document.getElementById('heatmap-0')._fullLayout !== undefined"))
+    # sample_report's grid is bilinear: the best cell of each k panel is (τ_p 4, τ_a 4), one outline per panel
+    shapes = browser.execute_script("return document.querySelectorAll('#heatmap-0 .shapelayer path').length")
+    panels = browser.execute_script("return document.getElementById('heatmap-0').data.length")
+    assert shapes == panels >= 2
+    table = browser.find_element(By.ID, "runs")
+    headers = table.find_elements(By.TAG_NAME, "th")
+    seed_col = [h.text for h in headers].index("seed")
+
+    def column():
+        return browser.execute_script(
+            f"return Array.from(document.querySelectorAll('#runs tbody tr')).map(r => r.cells[{seed_col}].innerText)")
+
+    headers[seed_col].click()
+    up = column()
+    headers[seed_col].click()
+    down = column()
+    assert up == sorted(up, key=float) and down == sorted(down, key=float, reverse=True) and up != down
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_the_prefect_ui_of_copc_up_finds_its_api_on_a_non_default_port(browser, tmp_path):
+    """On any port but 4200 Prefect's UI said "Can't connect to Server API at http://127.0.0.1:4200/api"
+    until `copc up` pointed it at its own API."""
+    import socket
+    import time
+
+    from infra.local_stack import LocalStack
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
+        assert not stack.prefect_url.endswith(":4200")
+        browser.get(stack.prefect_url + "/dashboard")
+        deadline = time.time() + 90
+        text = ""
+        while time.time() < deadline:
+            text = browser.find_element("tag name", "body").text
+            if "Can't connect" in text or ("Dashboard" in text and "Deployments" in text):
+                break
+            time.sleep(1)
+        at = text.find("Can't connect")
+        assert at < 0, text[max(0, at - 300):at + 300]
+        assert "Runs" in text and "Deployments" in text, text[:2000]
+        shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "prefect-ui.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(shot))
