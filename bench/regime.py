@@ -42,6 +42,11 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "weakwarm-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4},
     "weakwarm-ops4-lr1e-4": {"warm_start.frac_correct": 0.15, "task.operand_digits": (2, 2, 2, 2), "task.ops": "+*+",
                              "task.max_response_tokens": 48, "train.lr": 1e-4},
+    # round 4 (weak warm start at lr 1e-4: t90 50-55): smaller batches, noisier steps of the same size (Adam),
+    # and cheaper ones
+    "weakwarm-b32-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4, "train.batch_size": 32,
+                            "train.minibatches": 2},
+    "weakwarm-b64-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4, "train.batch_size": 64},
 }
 
 # the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)

@@ -104,6 +104,9 @@ def behavior_kl(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
 
         staleness/kl_behavior       mean_t (ρ_t − 1 − log ρ_t)
         staleness/kl_behavior_seq   mean_i Σ_t (ρ_{i,t} − 1 − log ρ_{i,t})
+        staleness/ratio_in_band     share of policy tokens with ρ_t ∈ [0.8, 1.25] (the band LLM-RL
+                                    reports quote for per-token train/rollout ratios)
+        staleness/log_ratio_p01, staleness/log_ratio_p99   quantiles of log ρ_t over policy tokens
 
     Schulman 2020, "Approximating KL divergence" (k3). Shapes: [B, T] → 0-dim tensors.
     """
@@ -111,7 +114,14 @@ def behavior_kl(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     k3 = (torch.expm1(log_ratio) - log_ratio) * mask
     has_tokens = (mask.sum(dim=1) > 0).to(mask.dtype)
     per_sequence = (k3.sum(dim=1) * has_tokens).sum() / has_tokens.sum().clamp(min=1)
-    return {"staleness/kl_behavior": masked_mean(k3, mask), "staleness/kl_behavior_seq": per_sequence}
+    tokens = log_ratio[mask > 0].double()
+    if tokens.numel() == 0:
+        tokens = tokens.new_zeros(1)
+    in_band = ((tokens >= math.log(0.8)) & (tokens <= math.log(1.25))).double().mean()
+    quantiles = torch.quantile(tokens, tokens.new_tensor([0.01, 0.99]))
+    return {"staleness/kl_behavior": masked_mean(k3, mask), "staleness/kl_behavior_seq": per_sequence,
+            "staleness/ratio_in_band": in_band.to(mask.dtype), "staleness/log_ratio_p01": quantiles[0].to(mask.dtype),
+            "staleness/log_ratio_p99": quantiles[1].to(mask.dtype)}
 
 
 def trace_diagnostics(log_ratio: Tensor, mask: Tensor, trace: Tensor | None) -> dict[str, Tensor]:

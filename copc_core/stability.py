@@ -75,6 +75,11 @@ class RunSummary(BaseModel):
     kl_step_mean: float | None  # mean over steps of policy/kl_step (None: not measured)
     critic_explained_var_first: float | None  # critic/explained_var at the first policy step
     critic_warmup_explained_var: float | None  # at the last critic warm-up step (None: no warm-up)
+    # per-token behavior ratios ρ = π_old/μ, means over steps: the share inside [0.8, 1.25], and log ρ's 1 % and
+    # 99 % quantiles (None: not measured, e.g. a summary logged before these existed)
+    ratio_in_band_mean: float | None = None
+    log_ratio_p01_mean: float | None = None
+    log_ratio_p99_mean: float | None = None
 
 
 def area_under_curve(steps: list[int], accuracy: list[float]) -> float:
@@ -104,6 +109,11 @@ def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], no
     kl = [h["policy/kl_step"] for h in history if "policy/kl_step" in h]
 
     ess = [h["correction/ess"] for h in history]
+
+    def mean_or_none(key: str) -> float | None:
+        vals = [h[key] for h in history if key in h]
+        return sum(vals) / len(vals) if vals else None
+
     grad = [h["actor/grad_norm"] for h in history]
     return RunSummary(
         steps_completed=len(history),
@@ -127,4 +137,7 @@ def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], no
         kl_step_mean=sum(kl) / len(kl) if kl else None,
         critic_explained_var_first=history[0]["critic/explained_var"] if history else None,
         critic_warmup_explained_var=warmup[-1]["critic/explained_var"] if warmup else None,
+        ratio_in_band_mean=mean_or_none("staleness/ratio_in_band"),
+        log_ratio_p01_mean=mean_or_none("staleness/log_ratio_p01"),
+        log_ratio_p99_mean=mean_or_none("staleness/log_ratio_p99"),
     )

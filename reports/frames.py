@@ -24,7 +24,8 @@ HISTORY_KEYS = ["eval/accuracy", "reward/mean", "correction/ess", "correction/ma
 _SUMMARY = ["objective", "final_accuracy", "peak_accuracy", "auc_accuracy", "warm_start_accuracy",
             "collapse_step", "collapse_step_train", "ess_drop_count", "grad_spike_count", "mean_step_s",
             "mean_rollout_s", "mean_train_s", "staleness_mean", "staleness_max", "staleness_updates_mean",
-            "kl_step_mean", "critic_explained_var_first", "critic_warmup_explained_var"]
+            "kl_step_mean", "critic_explained_var_first", "critic_warmup_explained_var", "ratio_in_band_mean",
+            "log_ratio_p01_mean", "log_ratio_p99_mean"]
 
 
 def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:

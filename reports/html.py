@@ -212,6 +212,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         ("critic_explained_var_first", "critic EV at step 1", None), ("kl_step_mean", "KL per step",
                                                                   lambda r: "—" if math.isnan(r["kl_step_mean"])
                                                                   else f"{r['kl_step_mean']:.2g}"),
+        ("ratio_in_band_mean", "tokens with ρ in [0.8, 1.25]", None),
         ("ess_drop_count", "ESS drops", lambda r: num(r["ess_drop_count"], 0)),
         ("grad_spike_count", "grad spikes", lambda r: num(r["grad_spike_count"], 0)),
         ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]

@@ -26,7 +26,8 @@ RUNS = {
     "first_warning_step": "float",  # the first ESS-drop or grad-norm-spike step (NaN: none)
     "mean_step_s": "float", "mean_rollout_s": "float",
     "mean_train_s": "float", "staleness_mean": "float", "staleness_max": "float", "staleness_updates_mean": "float",
-    "kl_step_mean": "float", "critic_explained_var_first": "float", "critic_warmup_explained_var": "float",
+    "kl_step_mean": "float", "ratio_in_band_mean": "float", "log_ratio_p01_mean": "float",
+    "log_ratio_p99_mean": "float", "critic_explained_var_first": "float", "critic_warmup_explained_var": "float",
     "fail_reason": "str", "url": "str",
 }
 

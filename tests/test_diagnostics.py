@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from copc_core.corrections import no_correction, ratio_band_correction
@@ -108,3 +109,15 @@ def test_behavior_kl_per_token_and_per_sequence():
     torch.testing.assert_close(out["staleness/kl_behavior"], torch.tensor(per_token, dtype=D), rtol=0, atol=1e-14)
     torch.testing.assert_close(out["staleness/kl_behavior_seq"], torch.tensor(per_sequence, dtype=D), rtol=0,
                                atol=1e-14)
+
+
+def test_behavior_ratio_band_share_and_quantiles_over_policy_tokens_only():
+    # policy tokens ρ = 0.5, 0.8, 1.0, 1.25, 2.0 (two inside the band edges count as inside); a masked 100 ignored
+    rho = torch.tensor([[0.5, 0.8, 1.0], [1.25, 2.0, 100.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=D)
+    out = behavior_kl(torch.log(rho) * mask, mask)
+    assert out["staleness/ratio_in_band"].item() == pytest.approx(3 / 5, abs=1e-12)
+    # torch.quantile interpolates linearly between order statistics: q = 0.01 · (5 − 1) = 0.04 of the way
+    logs = sorted(math.log(r) for r in (0.5, 0.8, 1.0, 1.25, 2.0))
+    assert out["staleness/log_ratio_p01"].item() == pytest.approx(logs[0] + 0.04 * (logs[1] - logs[0]), abs=1e-12)
+    assert out["staleness/log_ratio_p99"].item() == pytest.approx(logs[3] + 0.96 * (logs[4] - logs[3]), abs=1e-12)
