@@ -35,13 +35,13 @@ def main() -> None:
 
     from copc_core.backends import build_model
     from copc_core.config import RunConfig, with_overrides
-    from copc_core.rollout import TorchSampler
+    from copc_core.rollout import EpisodeLimits, TorchSampler
     from copc_core.tasks.base import PAD_ID
     from copc_core.tasks.tool_math import VOCAB, ToolMathTask, encode, make_problems
 
     cfg = with_overrides(RunConfig(), {"task.max_response_tokens": args.new_tokens})
     ours = build_model(cfg, seed=0)
-    sampler = TorchSampler(ours, ToolMathTask(cfg.task), args.new_tokens, cfg.task.max_tool_calls, 1.0, 0.0)
+    sampler = TorchSampler(ours, ToolMathTask(cfg.task), EpisodeLimits(args.new_tokens, cfg.task.max_tool_calls, 1.0, 0.0))
     problems = make_problems(args.batch, cfg.task.operand_digits, cfg.task.ops, seed=0)
     prompt = torch.tensor([encode(p.prompt) for p in problems])
     shape = ours.shape

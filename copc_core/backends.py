@@ -15,7 +15,7 @@ import torch
 
 from copc_core.config import RunConfig
 from copc_core.models import GPTShape, TinyGPT
-from copc_core.rollout import ActorCritic, RolloutEngine, TorchSampler
+from copc_core.rollout import ActorCritic, EpisodeLimits, RolloutEngine, TorchSampler
 from copc_core.tasks import make_task
 from copc_core.tasks.base import CharCodec, Codec
 
@@ -87,16 +87,16 @@ def make_codec(config: RunConfig) -> Codec:
 
 def _torch_engine(config: RunConfig) -> RolloutEngine:
     t, task = config.train, config.task
-    return TorchSampler(build_model(config, t.seed), make_task(task), task.max_response_tokens, task.max_tool_calls,
-                        t.temperature, task.format_reward, make_codec(config))
+    return TorchSampler(build_model(config, t.seed), make_task(task), EpisodeLimits.from_config(config),
+                        make_codec(config))
 
 
 def _vllm_engine(config: RunConfig) -> RolloutEngine:
     from copc_core.vllm_engine import VLLMEngine
 
     m, t, task = config.model, config.train, config.task
-    return VLLMEngine(m.hf_model, make_task(task), make_codec(config), task.max_response_tokens, task.max_tool_calls,
-                      t.temperature, task.format_reward, seed=t.seed, dtype=m.vllm_dtype,
+    return VLLMEngine(m.hf_model, make_task(task), make_codec(config), EpisodeLimits.from_config(config), seed=t.seed,
+                      dtype=m.vllm_dtype,
                       gpu_memory_utilization=m.vllm_gpu_memory_utilization)
 
 

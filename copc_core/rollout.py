@@ -10,7 +10,7 @@ vLLM engine implements the same `sample` signature.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -183,6 +183,20 @@ def left_pad(prompts: list[list[int]], codec: Codec) -> Tensor:
     return torch.tensor([[codec.pad_id] * (P - len(p)) + p for p in prompts], dtype=torch.long)
 
 
+class EpisodeLimits(NamedTuple):
+    """How every engine samples and scores an episode (from `RunConfig.task` and `train.temperature`)."""
+
+    max_response_tokens: int
+    max_tool_calls: int
+    temperature: float
+    format_reward: float
+
+    @classmethod
+    def from_config(cls, config) -> EpisodeLimits:
+        task = config.task
+        return cls(task.max_response_tokens, task.max_tool_calls, config.train.temperature, task.format_reward)
+
+
 class TorchSampler:
     """The torch rollout engine: a model's KV cache + the task's tool environment, batched.
 
@@ -190,15 +204,11 @@ class TorchSampler:
     the codec turns the task's text into the model's tokens.
     """
 
-    def __init__(self, model: ActorCritic, task: Task, max_response_tokens: int, max_tool_calls: int, temperature: float,
-                 format_reward: float, codec: Codec | None = None):
+    def __init__(self, model: ActorCritic, task: Task, limits: EpisodeLimits, codec: Codec | None = None):
         self.model = model
         self.task = task
         self.codec = codec if codec is not None else CharCodec(task.vocab)
-        self.max_response_tokens = max_response_tokens
-        self.max_tool_calls = max_tool_calls
-        self.temperature = temperature
-        self.format_reward = format_reward
+        self.limits = limits
         self.version = 0
 
     def load_weights(self, state: dict[str, Tensor], version: int) -> None:
@@ -211,13 +221,13 @@ class TorchSampler:
         version = self.version if version is None else version
         codec = self.codec
         prompt_ids = left_pad([codec.prompt_ids(p) for p in problems], codec)
-        (B, P), T = prompt_ids.shape, self.max_response_tokens
+        (B, P), T = prompt_ids.shape, self.limits.max_response_tokens
         if P + T > self.model.max_length:
             raise ValueError(f"prompt {P} + response {T} tokens exceed the model's {self.model.max_length}")
         tokens = torch.full((B, T), codec.pad_id, dtype=torch.long)
         mask = torch.zeros(B, T)
         logp = torch.zeros(B, T)
-        env = ToolEpisodes(B, self.task, codec, self.max_tool_calls)
+        env = ToolEpisodes(B, self.task, codec, self.limits.max_tool_calls)
         done = [False] * B
         was_model = self.model.training
         self.model.eval()
@@ -227,7 +237,7 @@ class TorchSampler:
         steps = 0
         for t in range(T):
             steps = t + 1
-            logp_all = torch.log_softmax(logits / self.temperature, dim=-1)  # [B, V]
+            logp_all = torch.log_softmax(logits / self.limits.temperature, dim=-1)  # [B, V]
             if greedy:
                 sampled = logp_all.argmax(dim=-1)
             else:
@@ -260,7 +270,7 @@ class TorchSampler:
         self.model.train(was_model)
         tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
         responses = ["".join(chars) for chars in env.text]
-        rewards = outcome_rewards(self.task, problems, responses, mask, self.format_reward)
+        rewards = outcome_rewards(self.task, problems, responses, mask, self.limits.format_reward)
         return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
                                rewards, list(problems), responses, torch.tensor([not d for d in done]), codec.pad_id)
 

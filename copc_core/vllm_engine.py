@@ -28,7 +28,7 @@ import os
 import torch
 from torch import Tensor
 
-from copc_core.rollout import ToolEpisodes, TrajectoryBatch, left_pad, outcome_rewards
+from copc_core.rollout import EpisodeLimits, ToolEpisodes, TrajectoryBatch, left_pad, outcome_rewards
 from copc_core.tasks.base import CALL_CLOSE, Codec, Task
 
 
@@ -67,9 +67,8 @@ class WeightSyncExtension:
 class VLLMEngine:
     """Rollouts with vLLM (see the module docstring); the same `sample` / `load_weights` as `TorchSampler`."""
 
-    def __init__(self, model: str, task: Task, codec: Codec, max_response_tokens: int, max_tool_calls: int,
-                 temperature: float, format_reward: float, sync_timeout_s: float = 300.0, seed: int = 0,
-                 **engine_kwargs):
+    def __init__(self, model: str, task: Task, codec: Codec, limits: EpisodeLimits, sync_timeout_s: float = 300.0,
+                 seed: int = 0, **engine_kwargs):
         reason = vllm_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")
@@ -83,10 +82,7 @@ class VLLMEngine:
                        worker_extension_cls=f"{__name__}.WeightSyncExtension", **engine_kwargs)
         self.task = task
         self.codec = codec
-        self.max_response_tokens = max_response_tokens
-        self.max_tool_calls = max_tool_calls
-        self.temperature = temperature
-        self.format_reward = format_reward
+        self.limits = limits
         self.sync_timeout_s = sync_timeout_s
         self.version = 0
 
@@ -107,7 +103,7 @@ class VLLMEngine:
     def _params(self, max_tokens: int, greedy: bool, seed: int | None):
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0, max_tokens=max_tokens, logprobs=0,
+        return SamplingParams(temperature=0.0 if greedy else self.limits.temperature, top_p=1.0, max_tokens=max_tokens, logprobs=0,
                               stop=[CALL_CLOSE, "."], include_stop_str_in_output=True, seed=seed,
                               skip_special_tokens=False)
 
@@ -116,10 +112,10 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         version = self.version if version is None else version
-        codec, T = self.codec, self.max_response_tokens
+        codec, T = self.codec, self.limits.max_response_tokens
         prompts = [codec.prompt_ids(p) for p in problems]
         B = len(prompts)
-        env = ToolEpisodes(B, self.task, codec, self.max_tool_calls)
+        env = ToolEpisodes(B, self.task, codec, self.limits.max_tool_calls)
         mask: list[list[float]] = [[] for _ in range(B)]
         logp: list[list[float]] = [[] for _ in range(B)]
         done = [False] * B
@@ -162,7 +158,7 @@ class VLLMEngine:
             tokens[i, :n] = torch.tensor(ids, dtype=torch.long)
             mask_t[i, :n] = torch.tensor(mask[i])
             logp_t[i, :n] = torch.tensor(logp[i])
-        rewards = outcome_rewards(self.task, problems, responses, mask_t, self.format_reward)
+        rewards = outcome_rewards(self.task, problems, responses, mask_t, self.limits.format_reward)
         return TrajectoryBatch(left_pad(prompts, codec), tokens, mask_t, logp_t,
                                torch.full((B, steps), version, dtype=torch.long), rewards, list(problems), responses,
                                torch.tensor([not e for e in ended]), codec.pad_id)

@@ -2,7 +2,7 @@ import torch
 
 from copc_core.backends import build_model
 from copc_core.learner import response_logprobs
-from copc_core.rollout import TorchSampler, TrajectoryBatch
+from copc_core.rollout import EpisodeLimits, TorchSampler, TrajectoryBatch
 from copc_core.tasks.tool_math import CALL_CLOSE, CALL_OPEN, RESULT_END, VOCAB, ToolMathTask, calculator, make_problems
 from tests.conftest import tiny_config
 
@@ -11,7 +11,7 @@ def sampler_and_batch(tiny_warm_state, n=24, seed=0, version=3):
     cfg = tiny_config()
     model = build_model(cfg, 0)
     model.load_state_dict(tiny_warm_state)
-    sampler = TorchSampler(model, ToolMathTask(cfg.task), cfg.task.max_response_tokens, cfg.task.max_tool_calls, 1.0, 0.0)
+    sampler = TorchSampler(model, ToolMathTask(cfg.task), EpisodeLimits(cfg.task.max_response_tokens, cfg.task.max_tool_calls, 1.0, 0.0))
     problems = make_problems(n, cfg.task.operand_digits, cfg.task.ops, seed)
     return cfg, sampler, sampler.sample(problems, version, torch.Generator().manual_seed(seed))
 
