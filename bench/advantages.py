@@ -60,8 +60,10 @@ def main() -> None:
             f()
             times[name].append(time.perf_counter() - start)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"B x T = {B} x {T}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.rounds} interleaved rounds (median ms); max |loop GAE - our GAE| = {err:.2e}")
+    print(
+        f"B x T = {B} x {T}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.rounds} interleaved rounds (median ms); max |loop GAE - our GAE| = {err:.2e}"
+    )
     for name, ms in med.items():
         print(f"  {name:<42s} {ms:9.3f} ms")
     copc_ms = med["COPC (log ratio + advantages + returns)"]

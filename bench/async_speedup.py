@@ -41,10 +41,14 @@ def ratios(results: dict[str, dict[str, float]], k: int) -> dict[str, float]:
     gen, train = sync["time/rollout_s"], sync["time/train_s"]
     bound = (gen + train) / max(gen, train)
     speedup = sync["time/step_s"] / copc["time/step_s"]
-    return {"speedup": speedup, "bound": bound, "share": speedup / bound,
-            "overhead": copc["time/train_s"] / ppo["time/train_s"],
-            "overhead_per_position": copc["train_s_per_position"] / ppo["train_s_per_position"],
-            "overlap": max(copc["time/rollout_s"], copc["time/train_s"]) / copc["time/step_s"]}
+    return {
+        "speedup": speedup,
+        "bound": bound,
+        "share": speedup / bound,
+        "overhead": copc["time/train_s"] / ppo["time/train_s"],
+        "overhead_per_position": copc["train_s_per_position"] / ppo["train_s_per_position"],
+        "overlap": max(copc["time/rollout_s"], copc["time/train_s"]) / copc["time/step_s"],
+    }
 
 
 def same_batch_learner_ratio(k: int, n_batches: int, rounds: int) -> tuple[float, float]:
@@ -58,7 +62,9 @@ def same_batch_learner_ratio(k: int, n_batches: int, rounds: int) -> tuple[float
     from infra.settings import data_dir
 
     torch.set_num_threads(1)
-    configs = [with_overrides(RunConfig(), {"method.name": name, "train.staleness": k}) for name in ("copc", "async_ppo")]
+    configs = [
+        with_overrides(RunConfig(), {"method.name": name, "train.staleness": k}) for name in ("copc", "async_ppo")
+    ]
     warm = cached_warm_start(configs[0], data_dir() / "cache")
     sampler = make_engine(configs[0])
     sampler.load_weights(warm, 0)
@@ -96,45 +102,63 @@ def main() -> None:
     runs = [("sync_ppo k=0", "sync_ppo", 0)]
     for k in args.staleness:
         runs += [(f"async_ppo k={k}", "async_ppo", k), (f"copc k={k}", "copc", k)]
-    print(f"embedded default, batch 128, {args.steps} steps per run (first 3 dropped, medians), Ray: 1 rollout worker + "
-          f"1 learner, {args.rounds} rounds")
-    print(f"  {'round':<6s}{'run':<16s} {'step_s':>8s} {'rollout_s':>10s} {'train_s':>8s} {'learner idle':>13s}"
-          f" {'positions':>10s} {'length':>7s}")
+    print(
+        f"embedded default, batch 128, {args.steps} steps per run (first 3 dropped, medians), Ray: 1 rollout worker + "
+        f"1 learner, {args.rounds} rounds"
+    )
+    print(
+        f"  {'round':<6s}{'run':<16s} {'step_s':>8s} {'rollout_s':>10s} {'train_s':>8s} {'learner idle':>13s}"
+        f" {'positions':>10s} {'length':>7s}"
+    )
     per_round: dict[int, list[dict[str, float]]] = {k: [] for k in args.staleness}
     for round_index in range(1, args.rounds + 1):
         results = {}
         for label, method, lag in runs if round_index % 2 else runs[::-1]:
-            cfg = with_overrides(RunConfig(), {"method.name": method, "train.staleness": lag,
-                                               "train.steps": args.steps, "train.eval_every": 10_000})
+            cfg = with_overrides(
+                RunConfig(),
+                {"method.name": method, "train.staleness": lag, "train.steps": args.steps, "train.eval_every": 10_000},
+            )
             rt = RayTrainer(cfg, cached_warm_start(cfg, data_dir() / "cache"))  # 1 worker + 1 learner, 1 CPU each
             rt.run()
             rt.shutdown()
             rows = rt.history[3:]
             r = results[label] = {key: statistics.median(row[key] for row in rows) for key in KEYS}
-            r["train_s_per_position"] = statistics.median(row["time/train_s"] / row["learner/positions"] for row in rows)
-            print(f"  {round_index:<6d}{label:<16s} {r['time/step_s']:8.3f} {r['time/rollout_s']:10.3f} "
-                  f"{r['time/train_s']:8.3f} {r['time/idle_frac']:12.0%} {r['learner/positions']:10.0f} "
-                  f"{r['response/length_mean']:7.1f}")
+            r["train_s_per_position"] = statistics.median(
+                row["time/train_s"] / row["learner/positions"] for row in rows
+            )
+            print(
+                f"  {round_index:<6d}{label:<16s} {r['time/step_s']:8.3f} {r['time/rollout_s']:10.3f} "
+                f"{r['time/train_s']:8.3f} {r['time/idle_frac']:12.0%} {r['learner/positions']:10.0f} "
+                f"{r['response/length_mean']:7.1f}"
+            )
         for k in args.staleness:
             q = ratios(results, k)
             per_round[k].append(q)
-            print(f"        k={k}: speed-up {q['speedup']:.2f}x of a {q['bound']:.2f}x bound ({q['share']:.0%}), overlap "
-                  f"{q['overlap']:.0%}, COPC / async PPO learner {q['overhead']:.3f} ({q['overhead_per_position']:.3f} "
-                  "per position)")
+            print(
+                f"        k={k}: speed-up {q['speedup']:.2f}x of a {q['bound']:.2f}x bound ({q['share']:.0%}), overlap "
+                f"{q['overlap']:.0%}, COPC / async PPO learner {q['overhead']:.3f} ({q['overhead_per_position']:.3f} "
+                "per position)"
+            )
     print(f"median over {args.rounds} rounds:")
     for k, rounds in per_round.items():
         med = {key: statistics.median(q[key] for q in rounds) for key in rounds[0]}
         print(f" k = {k}:")
         print(f"  sync / async COPC step time: {med['speedup']:.2f}x   (goal >= 1.7)")
-        print(f"  pipeline bound (gen+train)/max(gen,train): {med['bound']:.2f}x; speed-up reaches {med['share']:.0%} "
-              "of it   (goal >= 90 %)")
+        print(
+            f"  pipeline bound (gen+train)/max(gen,train): {med['bound']:.2f}x; speed-up reaches {med['share']:.0%} "
+            "of it   (goal >= 90 %)"
+        )
         print(f"  overlap in the COPC run: max(rollout, learner step) = {med['overlap']:.0%} of its step time")
-        print(f"  COPC / async PPO learner step time in those runs: {med['overhead']:.3f}, per position read "
-              f"{med['overhead_per_position']:.3f}   (goal <= 1.03)")
+        print(
+            f"  COPC / async PPO learner step time in those runs: {med['overhead']:.3f}, per position read "
+            f"{med['overhead_per_position']:.3f}   (goal <= 1.03)"
+        )
     # the lag decides which weights sampled a batch, not what a learner step does with it: measured once
     copc_s, ppo_s = same_batch_learner_ratio(args.staleness[0], n_batches=8, rounds=args.rounds)
-    print(f" COPC / async PPO learner step time on the same 8 batches ({args.rounds} interleaved rounds, this "
-          f"process): {copc_s * 1e3:.1f} / {ppo_s * 1e3:.1f} ms = {copc_s / ppo_s:.3f}   (goal <= 1.03)")
+    print(
+        f" COPC / async PPO learner step time on the same 8 batches ({args.rounds} interleaved rounds, this "
+        f"process): {copc_s * 1e3:.1f} / {ppo_s * 1e3:.1f} ms = {copc_s / ppo_s:.3f}   (goal <= 1.03)"
+    )
 
 
 if __name__ == "__main__":

@@ -22,12 +22,22 @@ CONFIGS: dict[str, dict[str, object]] = {
     "shared, lr×1, λ 1": {"method.critic_lam": 1.0},
     "separate (own init), lr×1, λ 0.95": {"model.separate_critic": True},
     "separate (own init), lr×1, λ 1": {"model.separate_critic": True, "method.critic_lam": 1.0},
-    "separate (own init), lr×3.33, λ 1": {"model.separate_critic": True, "method.critic_lam": 1.0,
-                                          "train.critic_lr_scale": 10 / 3},
-    "separate (policy copy), lr×1, λ 1": {"model.separate_critic": True, "model.critic_init": "policy",
-                                          "method.critic_lam": 1.0},
-    "separate (policy copy), lr×3.33, λ 1": {"model.separate_critic": True, "model.critic_init": "policy",
-                                             "method.critic_lam": 1.0, "train.critic_lr_scale": 10 / 3},
+    "separate (own init), lr×3.33, λ 1": {
+        "model.separate_critic": True,
+        "method.critic_lam": 1.0,
+        "train.critic_lr_scale": 10 / 3,
+    },
+    "separate (policy copy), lr×1, λ 1": {
+        "model.separate_critic": True,
+        "model.critic_init": "policy",
+        "method.critic_lam": 1.0,
+    },
+    "separate (policy copy), lr×3.33, λ 1": {
+        "model.separate_critic": True,
+        "model.critic_init": "policy",
+        "method.critic_lam": 1.0,
+        "train.critic_lr_scale": 10 / 3,
+    },
 }
 
 
@@ -60,8 +70,10 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         curves = list(pool.map(probe, *zip(*jobs), [args.steps] * len(jobs)))
     at = sorted({1, 10, 25, 50, args.steps} & set(range(1, args.steps + 1)))
-    print(f"critic explained variance on each fresh warm-up batch before its update (mean over {args.seeds} seeds), "
-          f"after n value-only steps; embedded default, batch 128")
+    print(
+        f"critic explained variance on each fresh warm-up batch before its update (mean over {args.seeds} seeds), "
+        f"after n value-only steps; embedded default, batch 128"
+    )
     print("| critic | " + " | ".join(f"n = {n - 1}" for n in at) + " | mean of the last 10 |")
     print("|---|" + "---|" * (len(at) + 1))
     for name in CONFIGS:

@@ -39,8 +39,10 @@ def main() -> None:
     sampler = make_engine(base)
     sampler.load_weights(warm, 0)
     problems = ProblemStream(base, 0)
-    batches = [sampler.sample(problems.batch(i, base.train.batch_size), 0, sampling_generator(0, i))
-               for i in range(args.batches)]
+    batches = [
+        sampler.sample(problems.batch(i, base.train.batch_size), 0, sampling_generator(0, i))
+        for i in range(args.batches)
+    ]
 
     def learner(overrides: dict) -> Learner:
         cfg = with_overrides(base, overrides)
@@ -62,8 +64,10 @@ def main() -> None:
                 if r:
                     seconds[name].append(time.perf_counter() - start)
     reference = statistics.median(seconds[f"kl_step_rows={args.rows[0]}"])
-    print(f"embedded default, batch {base.train.batch_size}, {base.train.minibatches} minibatches, 1 torch thread; "
-          f"{args.batches} batches × {args.rounds} rounds, medians")
+    print(
+        f"embedded default, batch {base.train.batch_size}, {base.train.minibatches} minibatches, 1 torch thread; "
+        f"{args.batches} batches × {args.rounds} rounds, medians"
+    )
     print(f"  {'learner':<34s} {'s/step':>8s} {'vs ' + f'kl_step_rows={args.rows[0]}':>22s}")
     for name, values in seconds.items():
         median = statistics.median(values)

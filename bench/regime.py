@@ -34,28 +34,50 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "digits222-lr1e-4": {"task.operand_digits": (2, 2, 2), "train.lr": 1e-4},
     # round 2 (after round 1: every candidate learned within 50 versions): longer problems
     "ops4": {"task.operand_digits": (2, 2, 2, 2), "task.ops": "+*+", "task.max_response_tokens": 48},
-    "ops4-lr1e-4": {"task.operand_digits": (2, 2, 2, 2), "task.ops": "+*+", "task.max_response_tokens": 48,
-                    "train.lr": 1e-4},
+    "ops4-lr1e-4": {
+        "task.operand_digits": (2, 2, 2, 2),
+        "task.ops": "+*+",
+        "task.max_response_tokens": 48,
+        "train.lr": 1e-4,
+    },
     "digits333-lr1e-4": {"task.operand_digits": (3, 3, 3), "task.max_response_tokens": 48, "train.lr": 1e-4},
     # round 3 (round 2's first run: ops4 at lr 3e-4 learned by step 20): a weaker warm start, so that RL has
     # more to find (15 % correct demonstrations instead of 45 %; the rest direct guesses and wrong orders)
     "weakwarm-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4},
-    "weakwarm-ops4-lr1e-4": {"warm_start.frac_correct": 0.15, "task.operand_digits": (2, 2, 2, 2), "task.ops": "+*+",
-                             "task.max_response_tokens": 48, "train.lr": 1e-4},
+    "weakwarm-ops4-lr1e-4": {
+        "warm_start.frac_correct": 0.15,
+        "task.operand_digits": (2, 2, 2, 2),
+        "task.ops": "+*+",
+        "task.max_response_tokens": 48,
+        "train.lr": 1e-4,
+    },
     # round 4 (weak warm start at lr 1e-4: t90 50-55): smaller batches, noisier steps of the same size (Adam),
     # and cheaper ones
-    "weakwarm-b32-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4, "train.batch_size": 32,
-                            "train.minibatches": 2},
+    "weakwarm-b32-lr1e-4": {
+        "warm_start.frac_correct": 0.15,
+        "train.lr": 1e-4,
+        "train.batch_size": 32,
+        "train.minibatches": 2,
+    },
     "weakwarm-b64-lr1e-4": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4, "train.batch_size": 64},
     # round 5 (b32 passed every criterion but the critic's: its warm-up EV is one batch of 32 episodes with ~3
     # successes): 300 warm-up steps; the warm-up EV is now the mean of the last 10 warm-up batches
-    "weakwarm-b32-lr1e-4-cw300": {"warm_start.frac_correct": 0.15, "train.lr": 1e-4, "train.batch_size": 32,
-                                  "train.minibatches": 2, "train.critic_warmup_steps": 300},
+    "weakwarm-b32-lr1e-4-cw300": {
+        "warm_start.frac_correct": 0.15,
+        "train.lr": 1e-4,
+        "train.batch_size": 32,
+        "train.minibatches": 2,
+        "train.critic_warmup_steps": 300,
+    },
     # round 6 (round 5: the critic cannot learn from the weak warm start's rollouts, EV ≈ 0 over 300 warm-up
     # steps): small batches with a warm start between the weak one and the default
     "b32-lr1e-4": {"train.lr": 1e-4, "train.batch_size": 32, "train.minibatches": 2},
-    "midwarm-b32-lr1e-4": {"warm_start.frac_correct": 0.3, "train.lr": 1e-4, "train.batch_size": 32,
-                           "train.minibatches": 2},
+    "midwarm-b32-lr1e-4": {
+        "warm_start.frac_correct": 0.3,
+        "train.lr": 1e-4,
+        "train.batch_size": 32,
+        "train.minibatches": 2,
+    },
 }
 
 # the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)
@@ -66,8 +88,10 @@ MIN_WARMUP_EV = 0.3
 
 
 def run_config(candidate: str, seed: int, steps: int) -> RunConfig:
-    return with_overrides(RunConfig(), {"method.name": "sync_ppo", "train.seed": seed, "train.steps": steps,
-                                        **CRITIC, **CANDIDATES[candidate]})
+    return with_overrides(
+        RunConfig(),
+        {"method.name": "sync_ppo", "train.seed": seed, "train.steps": steps, **CRITIC, **CANDIDATES[candidate]},
+    )
 
 
 def one_run(candidate: str, seed: int, steps: int, cache_dir: str) -> dict:
@@ -81,11 +105,17 @@ def one_run(candidate: str, seed: int, steps: int, cache_dir: str) -> dict:
     start = time.perf_counter()
     trainer = Trainer(cfg, warm)
     summary = trainer.run()
-    return {"candidate": candidate, "seed": seed, "steps": steps, "wall_s": time.perf_counter() - start,
-            "minibatches": cfg.train.minibatches,
-            "curve": [[int(e["step"]), e["eval/accuracy"]] for e in trainer.evals],
-            "critic_ev": [h["critic/explained_var"] for h in trainer.history],
-            "warmup_ev": [w["critic/explained_var"] for w in trainer.warmup], **summary.model_dump()}
+    return {
+        "candidate": candidate,
+        "seed": seed,
+        "steps": steps,
+        "wall_s": time.perf_counter() - start,
+        "minibatches": cfg.train.minibatches,
+        "curve": [[int(e["step"]), e["eval/accuracy"]] for e in trainer.evals],
+        "critic_ev": [h["critic/explained_var"] for h in trainer.history],
+        "warmup_ev": [w["critic/explained_var"] for w in trainer.warmup],
+        **summary.model_dump(),
+    }
 
 
 def t90(curve: list[list[float]]) -> tuple[float, int | None]:
@@ -93,7 +123,7 @@ def t90(curve: list[list[float]]) -> tuple[float, int | None]:
     average − the accuracy at step 0."""
     steps = [s for s, _ in curve]
     acc = [a for _, a in curve]
-    smooth = [statistics.mean(acc[max(0, i - 1):i + 2]) for i in range(len(acc))]
+    smooth = [statistics.mean(acc[max(0, i - 1) : i + 2]) for i in range(len(acc))]
     gain = max(smooth) - acc[0]
     if gain <= 0:
         return gain, None
@@ -105,39 +135,57 @@ def verdict(rows: list[dict]) -> dict[str, object]:
     kl = statistics.mean(r["kl_step_mean"] for r in rows)
     # the warm-up EV of a run: the mean over its last 10 warm-up batches where recorded (round 5 on), else the last
     # batch's (rounds 1-4: one batch, noisy when it holds few successes)
-    warm_ev = statistics.mean(statistics.mean(r["warmup_ev"][-10:]) if r.get("warmup_ev")
-                              else r["critic_warmup_explained_var"] for r in rows)
+    warm_ev = statistics.mean(
+        statistics.mean(r["warmup_ev"][-10:]) if r.get("warmup_ev") else r["critic_warmup_explained_var"] for r in rows
+    )
     run_ev = statistics.mean(statistics.mean(r["critic_ev"]) for r in rows)
     # amended after round 1 (docs/REGIME.md): explained variance over the learning phase, steps ≤ t90; once
     # every episode succeeds the returns have ~zero variance and 1 − Var(R − V)/Var(R) is meaningless
-    learning_ev = statistics.mean(statistics.mean(r["critic_ev"][:max(t or len(r["critic_ev"]), 1)])
-                                  for r, t in zip(rows, times))
+    learning_ev = statistics.mean(
+        statistics.mean(r["critic_ev"][: max(t or len(r["critic_ev"]), 1)]) for r, t in zip(rows, times)
+    )
     t90s = [t for t in times if t is not None]
-    checks = {"learns": min(gains) >= MIN_GAIN,
-              "slow enough": bool(t90s) and len(t90s) == len(rows) and min(t90s) >= MIN_T90,
-              "per-step KL in range": KL_RANGE[0] <= kl <= KL_RANGE[1],
-              "critic": warm_ev >= MIN_WARMUP_EV and learning_ev >= 0.0}
-    return {"start": statistics.mean(r["curve"][0][1] for r in rows),
-            "final": statistics.mean(r["final_accuracy"] for r in rows), "gain": statistics.mean(gains),
-            "t90": t90s, "kl": kl, "warm_ev": warm_ev, "run_ev": run_ev, "learning_ev": learning_ev, "checks": checks,
-            "passes": all(checks.values()), "cpu_min": sum(r["wall_s"] for r in rows) / 60}
+    checks = {
+        "learns": min(gains) >= MIN_GAIN,
+        "slow enough": bool(t90s) and len(t90s) == len(rows) and min(t90s) >= MIN_T90,
+        "per-step KL in range": KL_RANGE[0] <= kl <= KL_RANGE[1],
+        "critic": warm_ev >= MIN_WARMUP_EV and learning_ev >= 0.0,
+    }
+    return {
+        "start": statistics.mean(r["curve"][0][1] for r in rows),
+        "final": statistics.mean(r["final_accuracy"] for r in rows),
+        "gain": statistics.mean(gains),
+        "t90": t90s,
+        "kl": kl,
+        "warm_ev": warm_ev,
+        "run_ev": run_ev,
+        "learning_ev": learning_ev,
+        "checks": checks,
+        "passes": all(checks.values()),
+        "cpu_min": sum(r["wall_s"] for r in rows) / 60,
+    }
 
 
 def table(results: list[dict], candidates: list[str]) -> str:
-    lines = ["| candidate | overrides | seeds | acc step 0 → final | gain | t90 (versions) | KL(π_v‖π_v+1)/token | "
-             "critic EV warm-up / learning phase / whole run | learns | slow enough | KL in range | critic | passes | CPU-min |",
-             "|" + "---|" * 15]
+    lines = [
+        "| candidate | overrides | seeds | acc step 0 → final | gain | t90 (versions) | KL(π_v‖π_v+1)/token | "
+        "critic EV warm-up / learning phase / whole run | learns | slow enough | KL in range | critic | passes | "
+        "CPU-min |",
+        "|" + "---|" * 15,
+    ]
     for c in candidates:
         rows = [r for r in results if r["candidate"] == c]
         if not rows:
             continue
         v = verdict(rows)
         ok = v["checks"]
-        lines.append(f"| {c} | `{CANDIDATES[c] or 'none'}` | {len(rows)} | {v['start']:.2f} → {v['final']:.2f} | "
-                     f"{v['gain']:.2f} | {', '.join(str(t) for t in v['t90']) or '—'} | {v['kl']:.1e} | "
-                     f"{v['warm_ev']:.2f} / {v['learning_ev']:.2f} / {v['run_ev']:.2f} | "
-                     + " | ".join("yes" if ok[k] else "no" for k in ok)
-                     + f" | **{'yes' if v['passes'] else 'no'}** | {v['cpu_min']:.1f} |")
+        lines.append(
+            f"| {c} | `{CANDIDATES[c] or 'none'}` | {len(rows)} | {v['start']:.2f} → {v['final']:.2f} | "
+            f"{v['gain']:.2f} | {', '.join(str(t) for t in v['t90']) or '—'} | {v['kl']:.1e} | "
+            f"{v['warm_ev']:.2f} / {v['learning_ev']:.2f} / {v['run_ev']:.2f} | "
+            + " | ".join("yes" if ok[k] else "no" for k in ok)
+            + f" | **{'yes' if v['passes'] else 'no'}** | {v['cpu_min']:.1f} |"
+        )
     return "\n".join(lines)
 
 

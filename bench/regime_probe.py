@@ -16,11 +16,19 @@ from concurrent.futures import ProcessPoolExecutor
 
 from copc_core.config import RunConfig, with_overrides
 
-METHODS = [{"method.name": "copc", "method.tau_policy": 2.0, "method.tau_advantage": 1.0},
-           {"method.name": "copc", "method.tau_policy": 2.0, "method.tau_advantage": 2.0},
-           {"method.name": "async_ppo"}, {"method.name": "decoupled_ppo"}]
-CHECK = {"method.name": "copc", "method.tau_policy": 1.5, "method.tau_advantage": 1.0, "train.staleness": 4,
-         "train.seed": 0}
+METHODS = [
+    {"method.name": "copc", "method.tau_policy": 2.0, "method.tau_advantage": 1.0},
+    {"method.name": "copc", "method.tau_policy": 2.0, "method.tau_advantage": 2.0},
+    {"method.name": "async_ppo"},
+    {"method.name": "decoupled_ppo"},
+]
+CHECK = {
+    "method.name": "copc",
+    "method.tau_policy": 1.5,
+    "method.tau_advantage": 1.0,
+    "train.staleness": 4,
+    "train.seed": 0,
+}
 
 
 def one_run(overrides: dict, steps: int, cache: str) -> tuple[dict, dict]:
@@ -52,14 +60,21 @@ def main() -> None:
 
     cache = data_dir() / "cache"
     cached_warm_start(RunConfig(), cache)
-    grid = [CHECK] + [{**m, "train.staleness": k, "train.lr": args.lr, "train.seed": s}
-                      for k in args.lags for m in METHODS for s in range(args.seeds)]
+    grid = [CHECK] + [
+        {**m, "train.staleness": k, "train.lr": args.lr, "train.seed": s}
+        for k in args.lags
+        for m in METHODS
+        for s in range(args.seeds)
+    ]
     groups: dict[tuple[str, int], list[dict]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for o, s in pool.map(one_run, grid, [args.steps] * len(grid), [str(cache)] * len(grid)):
-            print(f"{label(o):<24s} k={o['train.staleness']:<3d} lr={o.get('train.lr', RunConfig().train.lr):g} "
-                  f"seed {o['train.seed']}: final {s['final_accuracy']:.3f} peak {s['peak_accuracy']:.3f} "
-                  f"collapsed {s['collapsed']} (step {s['collapse_step']})", flush=True)
+            print(
+                f"{label(o):<24s} k={o['train.staleness']:<3d} lr={o.get('train.lr', RunConfig().train.lr):g} "
+                f"seed {o['train.seed']}: final {s['final_accuracy']:.3f} peak {s['peak_accuracy']:.3f} "
+                f"collapsed {s['collapsed']} (step {s['collapse_step']})",
+                flush=True,
+            )
             if o is not CHECK:
                 groups.setdefault((label(o), o["train.staleness"]), []).append(s)
     print(f"\nlr {args.lr:g}, {args.steps} steps, seeds 0..{args.seeds - 1}: mean final / mean peak / collapsed")
@@ -69,9 +84,11 @@ def main() -> None:
         cells = []
         for k in args.lags:
             runs = groups[label(m), k]
-            cells.append(f"{sum(r['final_accuracy'] for r in runs) / len(runs):.2f} / "
-                         f"{sum(r['peak_accuracy'] for r in runs) / len(runs):.2f} / "
-                         f"{sum(r['collapsed'] for r in runs)}/{len(runs)}")
+            cells.append(
+                f"{sum(r['final_accuracy'] for r in runs) / len(runs):.2f} / "
+                f"{sum(r['peak_accuracy'] for r in runs) / len(runs):.2f} / "
+                f"{sum(r['collapsed'] for r in runs)}/{len(runs)}"
+            )
         print(f"| {label(m)} | " + " | ".join(cells) + " |")
 
 

@@ -41,12 +41,21 @@ def main() -> None:
 
     cfg = with_overrides(RunConfig(), {"task.max_response_tokens": args.new_tokens})
     ours = build_model(cfg, seed=0)
-    sampler = TorchSampler(ours, ToolMathTask(cfg.task), EpisodeLimits(args.new_tokens, cfg.task.max_tool_calls, 1.0, 0.0))
+    sampler = TorchSampler(
+        ours, ToolMathTask(cfg.task), EpisodeLimits(args.new_tokens, cfg.task.max_tool_calls, 1.0, 0.0)
+    )
     problems = make_problems(args.batch, cfg.task.operand_digits, cfg.task.ops, seed=0)
     prompt = torch.tensor([encode(p.prompt) for p in problems])
     shape = ours.shape
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=len(VOCAB), n_positions=shape.block_size, n_embd=shape.n_embd,
-                                    n_layer=shape.n_layer, n_head=shape.n_head)).eval()
+    hf = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(VOCAB),
+            n_positions=shape.block_size,
+            n_embd=shape.n_embd,
+            n_layer=shape.n_layer,
+            n_head=shape.n_head,
+        )
+    ).eval()
     n_params_ours = sum(p.numel() for n, p in ours.named_parameters() if not n.startswith("value_head"))
     n_params_hf = sum(p.numel() for p in hf.parameters())
 
@@ -56,9 +65,15 @@ def main() -> None:
 
     def run_hf() -> int:
         with torch.no_grad():
-            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                              max_new_tokens=args.new_tokens, pad_token_id=PAD_ID, eos_token_id=None,
-                              use_cache=True)
+            out = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=True,
+                max_new_tokens=args.new_tokens,
+                pad_token_id=PAD_ID,
+                eos_token_id=None,
+                use_cache=True,
+            )
         return (out.shape[1] - prompt.shape[1]) * out.shape[0]
 
     variants = {"ours (TorchSampler, KV cache, tool env)": run_ours, "HF generate (GPT-2, KV cache)": run_hf}
@@ -71,12 +86,16 @@ def main() -> None:
             tokens = f()
             rates[name].append(tokens / (time.perf_counter() - start))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"batch {args.batch}, {args.new_tokens} new tokens, {args.threads} torch thread(s), {args.rounds} rounds; "
-          f"params: ours {n_params_ours:,} (policy), HF {n_params_hf:,}")
+    print(
+        f"batch {args.batch}, {args.new_tokens} new tokens, {args.threads} torch thread(s), {args.rounds} rounds; "
+        f"params: ours {n_params_ours:,} (policy), HF {n_params_hf:,}"
+    )
     for name, rate in med.items():
         print(f"  {name:<42s} {rate:10,.0f} tokens/s")
-    print(f"  ours / HF: {med['ours (TorchSampler, KV cache, tool env)'] / med['HF generate (GPT-2, KV cache)']:.2f}x"
-          "   (goal >= 3)")
+    print(
+        f"  ours / HF: {med['ours (TorchSampler, KV cache, tool env)'] / med['HF generate (GPT-2, KV cache)']:.2f}x"
+        "   (goal >= 3)"
+    )
 
 
 if __name__ == "__main__":

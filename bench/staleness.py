@@ -26,8 +26,23 @@ from tqdm import tqdm
 from copc_core.config import RunConfig, with_overrides
 from copc_core.methods import preset
 
-DEFAULT_METHODS = ["sync_ppo", "async_ppo", "async_ppo_recompute", "decoupled_ppo", "tis", "icepop", "m2po",
-                   "vtrace", "seq_tis", "seq_mis", "geo_rs", "cispo", "vcpo", "a3po", "copc"]
+DEFAULT_METHODS = [
+    "sync_ppo",
+    "async_ppo",
+    "async_ppo_recompute",
+    "decoupled_ppo",
+    "tis",
+    "icepop",
+    "m2po",
+    "vtrace",
+    "seq_tis",
+    "seq_mis",
+    "geo_rs",
+    "cispo",
+    "vcpo",
+    "a3po",
+    "copc",
+]
 
 # critic variants: the overrides each applies to the default RunConfig
 VARIANTS: dict[str, dict[str, object]] = {
@@ -39,8 +54,10 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 
 def run_config(method: str, k: int, seed: int, steps: int, variant: str) -> RunConfig:
-    return with_overrides(RunConfig(), {"method.name": method, "train.staleness": k, "train.seed": seed,
-                                        "train.steps": steps, **VARIANTS[variant]})
+    return with_overrides(
+        RunConfig(),
+        {"method.name": method, "train.staleness": k, "train.seed": seed, "train.steps": steps, **VARIANTS[variant]},
+    )
 
 
 def one_run(method: str, k: int, seed: int, steps: int, variant: str, cache_dir: str) -> dict:
@@ -55,9 +72,16 @@ def one_run(method: str, k: int, seed: int, steps: int, variant: str, cache_dir:
     trainer = Trainer(cfg, warm)
     summary = trainer.run()
     ev = [h["critic/explained_var"] for h in trainer.history]
-    return {"method": method, "k": k, "seed": seed, "variant": variant, "steps": steps,
-            "wall_s": time.perf_counter() - start, "critic_explained_var_mean": statistics.mean(ev),
-            **summary.model_dump()}
+    return {
+        "method": method,
+        "k": k,
+        "seed": seed,
+        "variant": variant,
+        "steps": steps,
+        "wall_s": time.perf_counter() - start,
+        "critic_explained_var_mean": statistics.mean(ev),
+        **summary.model_dump(),
+    }
 
 
 def fmt(values: list[float], digits: int = 2) -> str:
@@ -77,10 +101,14 @@ def tables(results: list[dict], methods: list[str], lags: list[int], variants: l
         if not rows:
             continue
         seeds = sorted({r["seed"] for r in rows})
-        lines += ["", f"### critic variant `{variant}` ({VARIANTS[variant] or 'the default'}); "
-                      f"{rows[0]['steps']} steps, seeds {seeds[0]}..{seeds[-1]}",
-                  "", "| method | " + " | ".join(f"k={k}: final / peak / collapsed" for k in lags) + " |",
-                  "|" + "---|" * (len(lags) + 1)]
+        lines += [
+            "",
+            f"### critic variant `{variant}` ({VARIANTS[variant] or 'the default'}); "
+            f"{rows[0]['steps']} steps, seeds {seeds[0]}..{seeds[-1]}",
+            "",
+            "| method | " + " | ".join(f"k={k}: final / peak / collapsed" for k in lags) + " |",
+            "|" + "---|" * (len(lags) + 1),
+        ]
         for m in methods:
             cells = []
             for k in lags:
@@ -89,24 +117,32 @@ def tables(results: list[dict], methods: list[str], lags: list[int], variants: l
                     cells.append("—")
                     continue
                 collapsed = sum(r["collapsed"] for r in cell)
-                cells.append(f"{fmt([r['final_accuracy'] for r in cell])} / {fmt([r['peak_accuracy'] for r in cell])}"
-                             f" / {collapsed}/{len(cell)}")
+                cells.append(
+                    f"{fmt([r['final_accuracy'] for r in cell])} / {fmt([r['peak_accuracy'] for r in cell])}"
+                    f" / {collapsed}/{len(cell)}"
+                )
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "Critic and per-step diagnostics (mean over every run of the variant, all methods and lags):", "",
-              "| variant | runs | critic EV after warm-up | critic EV at step 1 | critic EV, mean over steps | "
-              "KL(π_v‖π_v+1) per token, mean over steps | training-reward collapses | held-out collapses |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Critic and per-step diagnostics (mean over every run of the variant, all methods and lags):",
+        "",
+        "| variant | runs | critic EV after warm-up | critic EV at step 1 | critic EV, mean over steps | "
+        "KL(π_v‖π_v+1) per token, mean over steps | training-reward collapses | held-out collapses |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for variant in variants:
         rows = [r for r in results if r["variant"] == variant]
         if not rows:
             continue
         warm = [r["critic_warmup_explained_var"] for r in rows if r["critic_warmup_explained_var"] is not None]
         kl = [r["kl_step_mean"] for r in rows if r["kl_step_mean"] is not None]
-        lines.append(f"| {variant} | {len(rows)} | {fmt(warm) if warm else '—'} | "
-                     f"{fmt([r['critic_explained_var_first'] for r in rows])} | "
-                     f"{fmt([r['critic_explained_var_mean'] for r in rows])} | "
-                     f"{statistics.mean(kl):.2g} | {sum(r['collapse_step_train'] is not None for r in rows)} | "
-                     f"{sum(r['collapsed'] for r in rows)} |")
+        lines.append(
+            f"| {variant} | {len(rows)} | {fmt(warm) if warm else '—'} | "
+            f"{fmt([r['critic_explained_var_first'] for r in rows])} | "
+            f"{fmt([r['critic_explained_var_mean'] for r in rows])} | "
+            f"{statistics.mean(kl):.2g} | {sum(r['collapse_step_train'] is not None for r in rows)} | "
+            f"{sum(r['collapsed'] for r in rows)} |"
+        )
     return "\n".join(lines)
 
 
@@ -118,7 +154,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
     parser.add_argument("--lags", nargs="+", type=int, default=[0, 4, 16, 64])
     parser.add_argument("--variants", nargs="+", default=["shared"], choices=list(VARIANTS))
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="results file (default data/bench/staleness.jsonl)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results file (default data/bench/staleness.jsonl)"
+    )
     args = parser.parse_args()
     for m in args.methods:
         preset(m)  # an unknown name fails here, listing the valid ones
@@ -133,8 +171,14 @@ def main() -> None:
     for variant in args.variants:  # once per warm-start key, before the workers race for it
         cached_warm_start(run_config(args.methods[0], 0, 0, args.steps, variant), cache)
     have = {key(r) for r in done}
-    jobs = [(m, k, s, v) for v in args.variants for m in args.methods for k in args.lags for s in range(args.seeds)
-            if not (preset(m).on_policy and k > 0) and (m, k, s, v, args.steps) not in have]
+    jobs = [
+        (m, k, s, v)
+        for v in args.variants
+        for m in args.methods
+        for k in args.lags
+        for s in range(args.seeds)
+        if not (preset(m).on_policy and k > 0) and (m, k, s, v, args.steps) not in have
+    ]
     results = [r for r in done if r["steps"] == args.steps]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool, out.open("a") as sink:
@@ -144,11 +188,19 @@ def main() -> None:
             sink.write(json.dumps(row) + "\n")
             sink.flush()
             results.append(row)
-    wanted = [r for r in results if r["method"] in args.methods and r["k"] in args.lags and r["variant"] in args.variants
-              and r["seed"] < args.seeds]
+    wanted = [
+        r
+        for r in results
+        if r["method"] in args.methods
+        and r["k"] in args.lags
+        and r["variant"] in args.variants
+        and r["seed"] < args.seeds
+    ]
     cpu_s = sum(r["wall_s"] for r in wanted)
-    print(f"{len(wanted)} runs ({len(jobs)} new, {time.perf_counter() - started:.0f} s of wall time for them); "
-          f"{cpu_s / 60:.0f} CPU-minutes of training in all; results in {out}")
+    print(
+        f"{len(wanted)} runs ({len(jobs)} new, {time.perf_counter() - started:.0f} s of wall time for them); "
+        f"{cpu_s / 60:.0f} CPU-minutes of training in all; results in {out}"
+    )
     print(f"warm-start accuracy {wanted[0]['warm_start_accuracy']:.2f} (sampled, held-out)")
     print(tables(wanted, args.methods, args.lags, args.variants))
 

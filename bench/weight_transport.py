@@ -30,11 +30,18 @@ def main() -> None:
     from infra.ray_runtime import init_ray
 
     init_ray(num_cpus=2)
-    transports = {"dict of tensors": (snapshot, lambda got: got),
-                  "packed buffer": (lambda model: pack(model.state_dict()), unpack)}
-    print(f"medians of {args.rounds} interleaved rounds, ms (publish = copy + ray.put; take = ray.get + load_state_dict)")
+    transports = {
+        "dict of tensors": (snapshot, lambda got: got),
+        "packed buffer": (lambda model: pack(model.state_dict()), unpack),
+    }
+    print(
+        f"medians of {args.rounds} interleaved rounds, ms (publish = copy + ray.put; take = ray.get + load_state_dict)"
+    )
     print(f"  {'model':<31s}{'transport':<17s}{'publish':>9s}{'take':>8s}{'sum':>8s}")
-    for label, overrides in (("embedded default", {}), ("4 layers x 256 wide", {"model.n_layer": 4, "model.n_embd": 256})):
+    for label, overrides in (
+        ("embedded default", {}),
+        ("4 layers x 256 wide", {"model.n_layer": 4, "model.n_embd": 256}),
+    ):
         cfg = with_overrides(RunConfig(), overrides)
         source, sink = build_model(cfg, 0), build_model(cfg, 1)
         size = sum(t.numel() * t.element_size() for t in source.state_dict().values())

@@ -128,8 +128,8 @@ def traced_advantages(
         v_t = V(s_t) + c_t · Â_t   (traced_returns)   or   V(s_t) + Â_t
 
     `trace = None` means c ≡ 1 (GAE). Rewards, values and trace at environment tokens change
-    nothing (they must be finite: masking is by multiplication, the fast path on CPU). `bootstrap_value` is V past the end (truncated
-    sequences); None means 0 (terminal).
+    nothing (they must be finite: masking is by multiplication, the fast path on CPU). `bootstrap_value`
+    is V past the end (truncated sequences); None means 0 (terminal).
 
     Shapes: rewards, values, mask, trace: [B, T] (mask float 0/1); bootstrap_value: [B];
     returns two [B, T] tensors, zero at environment tokens.

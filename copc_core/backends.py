@@ -33,9 +33,14 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def model_shape(config: RunConfig) -> GPTShape:
     task = make_task(config.task)
-    return GPTShape(vocab_size=len(task.vocab), block_size=task.prompt_width + config.task.max_response_tokens,
-                    n_layer=config.model.n_layer, n_head=config.model.n_head, n_embd=config.model.n_embd,
-                    separate_critic=config.model.separate_critic)
+    return GPTShape(
+        vocab_size=len(task.vocab),
+        block_size=task.prompt_width + config.task.max_response_tokens,
+        n_layer=config.model.n_layer,
+        n_head=config.model.n_head,
+        n_embd=config.model.n_embd,
+        separate_critic=config.model.separate_critic,
+    )
 
 
 def _tiny(config: RunConfig, seed: int) -> TinyGPT:
@@ -87,17 +92,24 @@ def make_codec(config: RunConfig) -> Codec:
 
 def _torch_engine(config: RunConfig) -> RolloutEngine:
     t, task = config.train, config.task
-    return TorchSampler(build_model(config, t.seed), make_task(task), EpisodeLimits.from_config(config),
-                        make_codec(config))
+    return TorchSampler(
+        build_model(config, t.seed), make_task(task), EpisodeLimits.from_config(config), make_codec(config)
+    )
 
 
 def _vllm_engine(config: RunConfig) -> RolloutEngine:
     from copc_core.vllm_engine import VLLMEngine
 
     m, t, task = config.model, config.train, config.task
-    return VLLMEngine(m.hf_model, make_task(task), make_codec(config), EpisodeLimits.from_config(config), seed=t.seed,
-                      dtype=m.vllm_dtype,
-                      gpu_memory_utilization=m.vllm_gpu_memory_utilization)
+    return VLLMEngine(
+        m.hf_model,
+        make_task(task),
+        make_codec(config),
+        EpisodeLimits.from_config(config),
+        seed=t.seed,
+        dtype=m.vllm_dtype,
+        gpu_memory_utilization=m.vllm_gpu_memory_utilization,
+    )
 
 
 ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {"torch": _torch_engine, "vllm": _vllm_engine}

@@ -27,16 +27,22 @@ class MethodConfig(BaseModel):
     model_config = FROZEN
 
     # a choice in generated forms (the Prefect UI); validated against the registry with its own message
-    name: str = Field("copc", json_schema_extra={"enum": method_names()}, description="registry method (`copc methods`)")
+    name: str = Field(
+        "copc", json_schema_extra={"enum": method_names()}, description="registry method (`copc methods`)"
+    )
     tau_policy: float | None = Field(None, ge=1.0, description="policy mask band τ_p ≥ 1 (COPC channel 1)")
     tau_advantage: float | None = Field(None, ge=1.0, description="advantage clip band τ_a ≥ 1 (COPC channel 2)")
     policy_weight: Literal["ratio", "one"] | None = None
-    anchor: Anchor | None = Field(None, description="PPO ratio anchor: behavior (μ) | recomputed (π_old) | "
-                                                     "interpolated (A-3PO); None: the preset's")
-    anchor_alpha: float | None = Field(None, ge=0.0, le=1.0, description="interpolated anchor's α (None: A-3PO's "
-                                                                          "k/(k+1) per token)")
-    mask_ratio: Literal["old", "live"] | None = Field(None, description="ratio band tested on π_old/μ (old) or on "
-                                                                        "π_θ/μ inside the epochs (live)")
+    anchor: Anchor | None = Field(
+        None,
+        description="PPO ratio anchor: behavior (μ) | recomputed (π_old) | interpolated (A-3PO); None: the preset's",
+    )
+    anchor_alpha: float | None = Field(
+        None, ge=0.0, le=1.0, description="interpolated anchor's α (None: A-3PO's k/(k+1) per token)"
+    )
+    mask_ratio: Literal["old", "live"] | None = Field(
+        None, description="ratio band tested on π_old/μ (old) or on π_θ/μ inside the epochs (live)"
+    )
     loss_denominator: Literal["all", "kept"] | None = None
     return_target: Literal["traced", "gae"] | None = None
     advantage_clip: Literal["two_sided", "one_sided"] | None = None
@@ -46,8 +52,9 @@ class MethodConfig(BaseModel):
     value_clip: float | None = Field(0.2, gt=0.0, description="value clip ε_v (None: off)")
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(0.95, ge=0.0, le=1.0)
-    critic_lam: float | None = Field(None, ge=0.0, le=1.0, description="λ of the critic's target (None: lam; "
-                                                                        "VAPO's decoupled GAE uses 1)")
+    critic_lam: float | None = Field(
+        None, ge=0.0, le=1.0, description="λ of the critic's target (None: lam; VAPO's decoupled GAE uses 1)"
+    )
     normalize_advantages: bool = True
 
     @model_validator(mode="after")
@@ -56,11 +63,20 @@ class MethodConfig(BaseModel):
         return self
 
     def spec(self) -> MethodSpec:
-        policy = {k: v for k, v in (("weight", self.policy_weight), ("anchor", self.anchor),
-                                    ("alpha", self.anchor_alpha), ("mask_ratio", self.mask_ratio),
-                                    ("loss_denominator", self.loss_denominator)) if v is not None}
-        advantage = {k: v for k, v in (("return_target", self.return_target), ("clip", self.advantage_clip))
-                     if v is not None}
+        policy = {
+            k: v
+            for k, v in (
+                ("weight", self.policy_weight),
+                ("anchor", self.anchor),
+                ("alpha", self.anchor_alpha),
+                ("mask_ratio", self.mask_ratio),
+                ("loss_denominator", self.loss_denominator),
+            )
+            if v is not None
+        }
+        advantage = {
+            k: v for k, v in (("return_target", self.return_target), ("clip", self.advantage_clip)) if v is not None
+        }
         return method_spec(self.name, self.tau_policy, self.tau_advantage, policy, advantage)
 
     def resolved_taus(self) -> tuple[float | None, float | None]:
@@ -86,15 +102,20 @@ class ModelConfig(BaseModel):
     n_head: int = Field(4, ge=1, le=64)
     n_embd: int = Field(64, ge=8, le=1024)
     separate_critic: bool = False
-    critic_init: Literal["own", "policy"] = Field("own", description="separate critic trunk's start: its own (tiny: "
-                                                                     "random init; hf: the pretrained base) or a copy "
-                                                                     "of the warm-started policy trunk (LLM PPO's "
-                                                                     "critic from the SFT model)")
+    critic_init: Literal["own", "policy"] = Field(
+        "own",
+        description="separate critic trunk's start: its own (tiny: "
+        "random init; hf: the pretrained base) or a copy "
+        "of the warm-started policy trunk (LLM PPO's "
+        "critic from the SFT model)",
+    )
     hf_model: str | None = Field(None, min_length=1, description="Hub id or local directory (backend hf)")
     hf_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     hf_attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
-    system_prompt: str | None = Field(None, description="system turn of the chat template (None: none; the "
-                                                        "scale-out presets describe the tool grammar)")
+    system_prompt: str | None = Field(
+        None,
+        description="system turn of the chat template (None: none; the scale-out presets describe the tool grammar)",
+    )
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the model runs (auto: cuda if present)")
     rollout_engine: Literal["torch", "vllm"] = Field("torch", description="torch sampler, or vLLM (backend hf, GPU)")
     vllm_gpu_memory_utilization: float = Field(0.35, gt=0.0, le=1.0)
@@ -161,8 +182,10 @@ class SearchTaskConfig(BaseModel):
         if self.n_held_out >= self.n_people:
             raise ValueError(f"n_held_out ({self.n_held_out}) must leave training people (n_people {self.n_people})")
         if self.n_eval > 4 * self.n_held_out:
-            raise ValueError(f"n_eval ({self.n_eval}) exceeds the {4 * self.n_held_out} questions about "
-                             f"{self.n_held_out} held-out people")
+            raise ValueError(
+                f"n_eval ({self.n_eval}) exceeds the {4 * self.n_held_out} questions about "
+                f"{self.n_held_out} held-out people"
+            )
         return self
 
 
@@ -210,22 +233,36 @@ class TrainConfig(BaseModel):
     minibatches: int = Field(4, ge=1, le=4096)
     epochs: int = Field(1, ge=1, le=100)
     lr: float = Field(3e-4, gt=0.0, lt=1.0)
-    critic_lr_scale: float = Field(1.0, gt=0.0, le=1000.0, description="critic learning rate = lr × this "
-                                                                         "(value head, and the critic trunk if separate)")
-    critic_warmup_steps: int = Field(0, ge=0, le=10_000, description="value-only updates on rollouts of the warm start "
-                                                                     "before the first policy update (no version spent)")
+    critic_lr_scale: float = Field(
+        1.0,
+        gt=0.0,
+        le=1000.0,
+        description="critic learning rate = lr × this (value head, and the critic trunk if separate)",
+    )
+    critic_warmup_steps: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="value-only updates on rollouts of the warm start "
+        "before the first policy update (no version spent)",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0)
     value_coef: float = Field(0.5, ge=0.0)
     entropy_coef: float = Field(0.0, ge=0.0)
     temperature: float = Field(1.0, gt=0.0)
     staleness: int = Field(0, ge=0, le=1024, description="controlled lag k in versions (learner steps)")
     lag: Literal["exact", "uniform"] = Field("exact", description="each batch's lag: k exactly, or uniform on {0..k}")
-    eta: int | None = Field(None, ge=0, le=1024, description="bounded staleness η (free-running sampling, Ray "
-                                                             "runtime); None: controlled lag")
+    eta: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="bounded staleness η (free-running sampling, Ray runtime); None: controlled lag",
+    )
     eta_chunk: int = Field(16, ge=1, description="episodes per free-running sampling request (bounded staleness)")
     eval_every: int = Field(5, ge=1, le=1_000_000)
-    kl_step_rows: int = Field(8, ge=0, le=4096, description="episodes of each batch on which policy/kl_step is measured "
-                                                    "(0: off)")
+    kl_step_rows: int = Field(
+        8, ge=0, le=4096, description="episodes of each batch on which policy/kl_step is measured (0: off)"
+    )
     seed: int = Field(0, ge=0, le=SEED_MAX)
     torch_threads: int = Field(1, ge=1, le=256)
 
@@ -235,8 +272,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by minibatches ({self.minibatches})")
         if self.eta is not None:
             if self.staleness or self.lag != "exact":
-                raise ValueError("eta (bounded staleness) and staleness/lag (controlled lag) are two schedules: "
-                                 "give one")
+                raise ValueError(
+                    "eta (bounded staleness) and staleness/lag (controlled lag) are two schedules: give one"
+                )
             if self.batch_size % self.eta_chunk:
                 raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of eta_chunk ({self.eta_chunk})")
         return self
@@ -257,7 +295,9 @@ class ResourcesConfig(BaseModel):
     rollout_gpus: float = Field(0.0, ge=0.0, le=64.0)
     learner_cpus: float = Field(1.0, gt=0.0, le=1024.0)
     learner_gpus: float = Field(0.0, ge=0.0, le=64.0)
-    timeout_s: float = Field(300.0, gt=0.0, le=86_400.0, description="limit on any one Ray call (weight sync, sampling, a step)")
+    timeout_s: float = Field(
+        300.0, gt=0.0, le=86_400.0, description="limit on any one Ray call (weight sync, sampling, a step)"
+    )
 
 
 class RunConfig(BaseModel):
@@ -275,8 +315,10 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _method_fits_schedule(self) -> RunConfig:
         if self.method.spec().on_policy and (self.train.staleness > 0 or self.train.eta):
-            raise ValueError(f"method {self.method.name!r} is on-policy: staleness must be 0, got "
-                             f"{self.train.staleness if not self.train.eta else f'eta {self.train.eta}'}")
+            raise ValueError(
+                f"method {self.method.name!r} is on-policy: staleness must be 0, got "
+                f"{self.train.staleness if not self.train.eta else f'eta {self.train.eta}'}"
+            )
         return self
 
     def config_hash(self, *sections: str) -> str:

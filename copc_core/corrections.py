@@ -110,8 +110,9 @@ def _kept(keep_low: Tensor, keep_high: Tensor, mask: Tensor, weight_log_ratio: T
     return PolicyCorrection(weight, keep, dropped_low, dropped_high)
 
 
-def ratio_band_correction(log_ratio: Tensor, mask: Tensor, low: float, high: float, weight_log_ratio: Tensor
-                          ) -> PolicyCorrection:
+def ratio_band_correction(
+    log_ratio: Tensor, mask: Tensor, low: float, high: float, weight_log_ratio: Tensor
+) -> PolicyCorrection:
     """Keep a token iff low ≤ ρ_t ≤ high; inside the band w = ω_t (ρ with the recomputed anchor).
 
         M_t = 1[low ≤ ρ_t ≤ high],   w_t = ω_t · M_t
@@ -145,8 +146,7 @@ def truncated_ratio_correction(weight_log_ratio: Tensor, mask: Tensor, cap: floa
     return PolicyCorrection(weight, mask.clone(), none, none.clone())
 
 
-def m2po_correction(log_ratio: Tensor, mask: Tensor, m2_threshold: float, weight_log_ratio: Tensor
-                    ) -> PolicyCorrection:
+def m2po_correction(log_ratio: Tensor, mask: Tensor, m2_threshold: float, weight_log_ratio: Tensor) -> PolicyCorrection:
     """Second-moment trust region: drop the tokens with the largest (log ρ)² until the mean of
     (log ρ)² over the remaining policy tokens of the batch is below τ_M2; w = ω on kept tokens.
 
@@ -201,8 +201,9 @@ def sequence_truncated_correction(weight_log_ratio: Tensor, mask: Tensor, cap: f
     return PolicyCorrection(weight.detach(), mask.clone(), none, none.clone())
 
 
-def sequence_band_correction(log_ratio: Tensor, mask: Tensor, low: float, high: float, weight_log_ratio: Tensor
-                             ) -> PolicyCorrection:
+def sequence_band_correction(
+    log_ratio: Tensor, mask: Tensor, low: float, high: float, weight_log_ratio: Tensor
+) -> PolicyCorrection:
     """Sequence-level masked IS: keep sequence i iff low ≤ Π_t ρ_{i,t} ≤ high; w_i = Π_t ω_{i,t} on kept ones.
 
         w_i = Π_t ρ_t · 1[Π_t ρ_t ≤ C]        (low = 0, high = C; C = ∞ is plain sequence IS)

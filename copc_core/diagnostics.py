@@ -119,9 +119,13 @@ def behavior_kl(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
         tokens = tokens.new_zeros(1)
     in_band = ((tokens >= math.log(0.8)) & (tokens <= math.log(1.25))).double().mean()
     quantiles = torch.quantile(tokens, tokens.new_tensor([0.01, 0.99]))
-    return {"staleness/kl_behavior": masked_mean(k3, mask), "staleness/kl_behavior_seq": per_sequence,
-            "staleness/ratio_in_band": in_band.to(mask.dtype), "staleness/log_ratio_p01": quantiles[0].to(mask.dtype),
-            "staleness/log_ratio_p99": quantiles[1].to(mask.dtype)}
+    return {
+        "staleness/kl_behavior": masked_mean(k3, mask),
+        "staleness/kl_behavior_seq": per_sequence,
+        "staleness/ratio_in_band": in_band.to(mask.dtype),
+        "staleness/log_ratio_p01": quantiles[0].to(mask.dtype),
+        "staleness/log_ratio_p99": quantiles[1].to(mask.dtype),
+    }
 
 
 def trace_diagnostics(log_ratio: Tensor, mask: Tensor, trace: Tensor | None) -> dict[str, Tensor]:

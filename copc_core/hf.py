@@ -28,8 +28,10 @@ from torch import Tensor, nn
 
 from copc_core.tasks.base import ANSWER_END, PAD, TOOL_GRAMMAR_PROMPT, environment_mask
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
@@ -135,7 +137,7 @@ class HFCodec:
             return ""
         before = self.tokenizer.decode(previous, skip_special_tokens=True)
         after = self.tokenizer.decode(previous + [token], skip_special_tokens=True)
-        return after[len(os.path.commonprefix([before, after])):]
+        return after[len(os.path.commonprefix([before, after])) :]
 
     def ends(self, token: int, piece: str) -> bool:
         return token == self.eos_id or ANSWER_END in piece
@@ -175,8 +177,9 @@ def load_tokenizer(name_or_path: str):
     return AutoTokenizer.from_pretrained(name_or_path)
 
 
-def load_actor_critic(name_or_path: str, separate_critic: bool, dtype: str, attn_implementation: str,
-                      seed: int) -> HFActorCritic:
+def load_actor_critic(
+    name_or_path: str, separate_critic: bool, dtype: str, attn_implementation: str, seed: int
+) -> HFActorCritic:
     """The model at `name_or_path` (a Hub id or a local directory) with a freshly seeded value head."""
     from transformers import AutoModel, AutoModelForCausalLM
 
@@ -190,8 +193,16 @@ def load_actor_critic(name_or_path: str, separate_critic: bool, dtype: str, attn
         return HFActorCritic(policy, critic, pad_id)
 
 
-def save_tiny_model(path: str | os.PathLike, task, hidden: int = 64, layers: int = 2, heads: int = 4,
-                    vocab_size: int = 320, max_positions: int = 256, seed: int = 0) -> pathlib.Path:
+def save_tiny_model(
+    path: str | os.PathLike,
+    task,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    vocab_size: int = 320,
+    max_positions: int = 256,
+    seed: int = 0,
+) -> pathlib.Path:
     """A small Llama-architecture model and a byte-level BPE tokenizer for `task`, saved to `path`.
 
     The tokenizer is trained on the task's demonstrations split into policy text and tool output (no
@@ -211,16 +222,30 @@ def save_tiny_model(path: str | os.PathLike, task, hidden: int = 64, layers: int
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                         max_position_embeddings=max_positions, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

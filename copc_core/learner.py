@@ -80,8 +80,9 @@ def _pad(x: Tensor, T: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-def rows_logprobs(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float
-                  ) -> tuple[Tensor, Tensor, Tensor]:
+def rows_logprobs(
+    model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """`response_logprobs` of the episodes `rows`, [len(rows), T], zero past their longest policy width.
 
     The forward pass reads only up to the last policy token of the longest of these episodes: the
@@ -94,8 +95,9 @@ def rows_logprobs(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temp
     return tuple(_pad(x, T) for x in out)  # type: ignore[return-value]
 
 
-def rows_distributions(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float, keep: int
-                       ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+def rows_distributions(
+    model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float, keep: int
+) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
     """`rows_logprobs` of `rows`, and the full log π(·|s_t) of the first `keep` of them, detached,
     [keep, width, V] (width: the forward width of `rows`)."""
     sub = batch.select(rows)
@@ -132,9 +134,14 @@ class Learner:
         named = list(model.named_parameters())
         self._critic_params = [p for n, p in named if n.startswith(CRITIC_PARAMETERS)]
         self._policy_params = [p for n, p in named if not n.startswith(CRITIC_PARAMETERS)]
-        self.optimizer = torch.optim.Adam([{"params": self._policy_params, "lr": t.lr},
-                                           {"params": self._critic_params, "lr": t.lr * t.critic_lr_scale}],
-                                          lr=t.lr, fused=True)  # one kernel per step
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": self._policy_params, "lr": t.lr},
+                {"params": self._critic_params, "lr": t.lr * t.critic_lr_scale},
+            ],
+            lr=t.lr,
+            fused=True,
+        )  # one kernel per step
         self.version = 0
         self.critic_warmup_steps = 0  # value-only updates taken (critic warm-up)
 
@@ -147,8 +154,9 @@ class Learner:
         m = self.config.method
         if m.critic_lam is None or m.critic_lam == m.lam:
             return estimate.output.returns
-        return estimate_advantages(self.spec.advantage, rewards, values, mask, log_ratio, m.gamma,
-                                   m.critic_lam).output.returns
+        return estimate_advantages(
+            self.spec.advantage, rewards, values, mask, log_ratio, m.gamma, m.critic_lam
+        ).output.returns
 
     def step(self, batch: TrajectoryBatch) -> dict[str, float]:
         start = time.perf_counter()
@@ -202,9 +210,19 @@ class Learner:
         self.optimizer.param_groups[0]["lr"] = t.lr * lr_scale
         live = side.mask_ratio == "live"
 
-        stats: dict[str, list[float]] = {k: [] for k in ("actor/loss", "actor/pg_clipfrac", "actor/approx_kl",
-                                                         "actor/entropy", "actor/grad_norm", "critic/value_loss",
-                                                         "critic/clipfrac", "critic/grad_norm")}
+        stats: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "actor/loss",
+                "actor/pg_clipfrac",
+                "actor/approx_kl",
+                "actor/entropy",
+                "actor/grad_norm",
+                "critic/value_loss",
+                "critic/clipfrac",
+                "critic/grad_norm",
+            )
+        }
         dropped = [0.0, 0.0]  # live mask: policy tokens dropped low / high over every minibatch
         for epoch, order in enumerate(orders):
             for j in range(t.minibatches):
@@ -218,8 +236,17 @@ class Learner:
                     dropped[1] += float(correction.dropped_high.sum())
                 else:
                     correction = _select(terms.correction, idx)
-                actor = actor_loss(side, logp, terms.anchor[idx], advantages[idx], correction, sub_mask, m.clip_low,
-                                   m.clip_high, m.dual_clip)
+                actor = actor_loss(
+                    side,
+                    logp,
+                    terms.anchor[idx],
+                    advantages[idx],
+                    correction,
+                    sub_mask,
+                    m.clip_low,
+                    m.clip_high,
+                    m.dual_clip,
+                )
                 critic = clipped_value_loss(values, values_old[idx], returns[idx], sub_mask, m.value_clip)
                 mean_entropy = masked_mean(entropy, sub_mask)
                 loss = actor.loss + t.value_coef * critic.loss - t.entropy_coef * mean_entropy
@@ -236,22 +263,32 @@ class Learner:
                 drift = logp.detach() - logp_old[idx]  # π_θ against π_old as this minibatch read it
                 if epoch or j or len(orders) * t.minibatches == 1:  # the first one's drift is 0 by construction
                     stats["actor/approx_kl"].append(float(masked_mean(torch.expm1(-drift) + drift, sub_mask)))
-                for key, value in (("actor/loss", actor.loss), ("actor/pg_clipfrac", actor.clipfrac),
-                                   ("actor/entropy", mean_entropy), ("critic/value_loss", critic.loss),
-                                   ("critic/clipfrac", critic.clipfrac)):
+                for key, value in (
+                    ("actor/loss", actor.loss),
+                    ("actor/pg_clipfrac", actor.clipfrac),
+                    ("actor/entropy", mean_entropy),
+                    ("critic/value_loss", critic.loss),
+                    ("critic/clipfrac", critic.clipfrac),
+                ):
                     stats[key].append(float(value.detach()))
                 stats["actor/grad_norm"].append(grad_norm)
                 stats["critic/grad_norm"].append(critic_norm)
         self.optimizer.param_groups[0]["lr"] = t.lr
         self.version += 1
         out = {k: sum(v) / len(v) for k, v in stats.items()}
-        diagnostics = (ratio_diagnostics(log_ratio, mask, terms.correction) | behavior_kl(log_ratio, mask)
-                       | trace_diagnostics(log_ratio, mask, estimate.trace))
+        diagnostics = (
+            ratio_diagnostics(log_ratio, mask, terms.correction)
+            | behavior_kl(log_ratio, mask)
+            | trace_diagnostics(log_ratio, mask, estimate.trace)
+        )
         out |= {k: float(v) for k, v in diagnostics.items()}
         if live:
             n = float(mask.sum()) * t.epochs
-            out |= {"correction/masked_frac_low": dropped[0] / n, "correction/masked_frac_high": dropped[1] / n,
-                    "correction/masked_frac": sum(dropped) / n}
+            out |= {
+                "correction/masked_frac_low": dropped[0] / n,
+                "correction/masked_frac_high": dropped[1] / n,
+                "correction/masked_frac": sum(dropped) / n,
+            }
         if len(kl_rows):
             with torch.no_grad():
                 read(kl_rows)
@@ -259,7 +296,9 @@ class Learner:
                 after, _ = response_distributions(self.model, batch.select(kl_rows).head(width), t.temperature)
                 kl_mask = mask[kl_rows][:, :width]
                 out["policy/kl_step"] = float(exact_kl(kl_before, after, kl_mask))
-                drift = token_statistics(after, batch.response_ids[kl_rows][:, :width])[0] - logp_old[kl_rows][:, :width]
+                drift = (
+                    token_statistics(after, batch.response_ids[kl_rows][:, :width])[0] - logp_old[kl_rows][:, :width]
+                )
                 out["policy/kl_step_k3"] = float(masked_mean(torch.expm1(-drift) + drift, kl_mask))
         out["actor/lr_scale"] = lr_scale
         out["critic/explained_var"] = float(explained_variance(values_old, returns, mask))
@@ -301,7 +340,9 @@ class Learner:
                 critic = clipped_value_loss(values, values_old[idx], returns[idx], mask[idx], m.value_clip)
                 loss = t.value_coef * critic.loss
                 if not torch.isfinite(loss):
-                    raise NonFiniteUpdateError(f"non-finite value loss in critic warm-up step {self.critic_warmup_steps}")
+                    raise NonFiniteUpdateError(
+                        f"non-finite value loss in critic warm-up step {self.critic_warmup_steps}"
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 for p in self._policy_params:  # the policy stays exactly as it is
@@ -313,12 +354,20 @@ class Learner:
                 self.optimizer.step()
                 losses.append(float(critic.loss.detach()))
         self.critic_warmup_steps += 1
-        return {"warmup/step": float(self.critic_warmup_steps), "critic/value_loss": sum(losses) / len(losses),
-                "critic/explained_var": float(explained_variance(values_old, returns, mask))}
+        return {
+            "warmup/step": float(self.critic_warmup_steps),
+            "critic/value_loss": sum(losses) / len(losses),
+            "critic/explained_var": float(explained_variance(values_old, returns, mask)),
+        }
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version,
-                "generator": self.generator.get_state(), "critic_warmup_steps": self.critic_warmup_steps}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "generator": self.generator.get_state(),
+            "critic_warmup_steps": self.critic_warmup_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])

@@ -112,7 +112,9 @@ def cispo_actor_loss(
     return ActorLoss(loss, clipfrac)
 
 
-def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None) -> ValueLoss:
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+) -> ValueLoss:
     """L = ½ · mean_t mask_t · max((V − v)², (clip(V, V_old ± ε_v) − v)²); ε_v = None: no clip.
 
     Targets and old values are detached (no gradient through the critic target).

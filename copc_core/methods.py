@@ -112,58 +112,125 @@ _GAE = AdvantageSide(kind="gae")
 _NONE = PolicySide(kind="none")
 
 METHODS: dict[str, Preset] = {
-    "sync_ppo": Preset("PPO clip on-policy (k = 0)", "Schulman et al. 2017 (arXiv 1707.06347)", None, None,
-                       lambda tp, ta: (_NONE, _GAE), on_policy=True),
-    "async_ppo": Preset("PPO clip with π_old := μ (rollout log-probs as old)",
-                        "the naive async default; verl fully-async (old_log_prob from the rollout)", None, None,
-                        lambda tp, ta: (PolicySide(kind="none", anchor="behavior"), _GAE)),
-    "async_ppo_recompute": Preset("PPO clip against recomputed π_old, μ ignored", "uncorrected baseline", None, None,
-                                  lambda tp, ta: (_NONE, _GAE)),
-    "decoupled_ppo": Preset("w = ρ, drop tokens with ρ > 5", "AReaL, Fu et al. 2025 (arXiv 2505.24298); "
-                            "cap 5 = AReaL behav_imp_weight_cap", None, None,
-                            lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0), _GAE)),
-    "tis": Preset("w = min(ρ, 2), detached", "Yao et al. 2025 (truncated IS); C = 2 = verl rollout_is_threshold",
-                  None, None, lambda tp, ta: (PolicySide(kind="truncate", cap=2.0), _GAE)),
-    "icepop": Preset("w = ρ inside [0.5, 5], else 0", "IcePop / Ring-1T (arXiv 2510.18855)", None, None,
-                     lambda tp, ta: (PolicySide(kind="ratio_band", low=0.5, high=5.0), _GAE)),
-    "m2po": Preset("drop largest (log ρ)² until mean < 0.04; w = ρ on kept tokens; no PPO clip",
-                   "Zheng et al. 2025 (arXiv 2510.01161); AReaL examples/math/gsm8k_m2po.yaml: m2_threshold "
-                   "0.04, eps_clip 0.0 with one minibatch (the ratio is 1 where the clip would act); this learner "
-                   "takes several minibatches, so the surrogate runs unclipped", None, None,
-                   lambda tp, ta: (PolicySide(kind="m2po", m2_threshold=0.04, loss="unclipped"), _GAE)),
-    "vtrace": Preset("w = min(1, ρ); V-trace(λ) traces c = λ·min(1, ρ)", "Espeholt et al. 2018 (arXiv 1802.01561)",
-                     None, None,
-                     lambda tp, ta: (PolicySide(kind="truncate", cap=1.0),
-                                     AdvantageSide(kind="clipped_trace", tau=1.0, clip="one_sided"))),
-    "seq_tis": Preset("sequence weight w_i = min(Π_t ρ_t, 2), detached, on every token of sequence i",
-                      "verl rollout_corr decoupled_seq_is (rollout_is: sequence, threshold 2.0)", None, None,
-                      lambda tp, ta: (PolicySide(kind="seq_truncate", cap=2.0), _GAE)),
-    "seq_mis": Preset("w_i = Π_t ρ_t · 1[Π_t ρ_t ≤ 2]: sequences over the cap are dropped",
-                      "verl rollout_corr masked IS (threshold 2.0; its decoupled_seq_is_rs preset also "
-                      "drops Π ρ < 0.5: option low)", None, None,
-                      lambda tp, ta: (PolicySide(kind="seq_band", low=0.0, high=2.0), _GAE)),
-    "geo_rs": Preset("keep sequence i iff (Π_t ρ_t)^{1/T_i} ∈ [0.999, 1.001]; w = 1",
-                     "verl rollout_corr decoupled_geo_rs (rollout_rs: seq_mean_k1, threshold 0.999_1.001)",
-                     None, None,
-                     lambda tp, ta: (PolicySide(kind="geo_band", low=0.999, high=1.001, weight="one"), _GAE)),
-    "cispo": Preset("J = sg(clip(r, 0, 5)) · Â · log π_θ with r = π_θ/μ: no token loses its gradient",
-                    "MiniMax-M1 (arXiv 2506.13585) eqs. 4-5 (r against the sampling policy); bounds "
-                    "1 − ε_lo = 0, 1 + ε_hi = 5 = SkyRL CISPOConfig (ScaleRL, arXiv 2510.13786)", None, None,
-                    lambda tp, ta: (PolicySide(kind="none", anchor="behavior", loss="cispo"), _GAE)),
-    "vcpo": Preset("w = ρ, drop ρ > 5 (decoupled), policy lr × √(ESS/N) of the sequence weights Π_t ρ_t",
-                   "VCPO (arXiv 2602.17616) ESS-guided step scaling, sequence-level ESS as AReaL's port "
-                   "(areal ess.py); its closed-form baseline is not used: Â comes from the critic", None, None,
-                   lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0, step_size="ess"), _GAE)),
-    "a3po": Preset("decoupled PPO (w = π_prox/μ, drop ρ > 5) against log π_prox = log μ + α(log π_old − log μ), "
-                   "α = k/(k+1)", "A-3PO (arXiv 2512.06547); AReaL prox_logp_method loglinear, α = "
-                   "(v_prox − v_b)/(v_θ − v_b)", None, None,
-                   lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0, anchor="interpolated"), _GAE)),
-    "copc_policy_only": Preset("COPC channel 1 (ratio band τ_p), GAE", "ablation", 2.0, None,
-                               lambda tp, ta: (_band(tp), _GAE)),
-    "copc_advantage_only": Preset("w = 1, COPC channel 2 (clipped traces τ_a)", "ablation", None, 2.0,
-                                  lambda tp, ta: (_NONE, AdvantageSide(kind="clipped_trace", tau=ta))),
-    "copc": Preset("COPC: ratio band τ_p and clipped-ratio traces τ_a", "arXiv 2610.09597 (project reading)", 2.0, 2.0,
-                   lambda tp, ta: (_band(tp), AdvantageSide(kind="clipped_trace", tau=ta))),
+    "sync_ppo": Preset(
+        "PPO clip on-policy (k = 0)",
+        "Schulman et al. 2017 (arXiv 1707.06347)",
+        None,
+        None,
+        lambda tp, ta: (_NONE, _GAE),
+        on_policy=True,
+    ),
+    "async_ppo": Preset(
+        "PPO clip with π_old := μ (rollout log-probs as old)",
+        "the naive async default; verl fully-async (old_log_prob from the rollout)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="none", anchor="behavior"), _GAE),
+    ),
+    "async_ppo_recompute": Preset(
+        "PPO clip against recomputed π_old, μ ignored", "uncorrected baseline", None, None, lambda tp, ta: (_NONE, _GAE)
+    ),
+    "decoupled_ppo": Preset(
+        "w = ρ, drop tokens with ρ > 5",
+        "AReaL, Fu et al. 2025 (arXiv 2505.24298); cap 5 = AReaL behav_imp_weight_cap",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0), _GAE),
+    ),
+    "tis": Preset(
+        "w = min(ρ, 2), detached",
+        "Yao et al. 2025 (truncated IS); C = 2 = verl rollout_is_threshold",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="truncate", cap=2.0), _GAE),
+    ),
+    "icepop": Preset(
+        "w = ρ inside [0.5, 5], else 0",
+        "IcePop / Ring-1T (arXiv 2510.18855)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="ratio_band", low=0.5, high=5.0), _GAE),
+    ),
+    "m2po": Preset(
+        "drop largest (log ρ)² until mean < 0.04; w = ρ on kept tokens; no PPO clip",
+        "Zheng et al. 2025 (arXiv 2510.01161); AReaL examples/math/gsm8k_m2po.yaml: m2_threshold "
+        "0.04, eps_clip 0.0 with one minibatch (the ratio is 1 where the clip would act); this learner "
+        "takes several minibatches, so the surrogate runs unclipped",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="m2po", m2_threshold=0.04, loss="unclipped"), _GAE),
+    ),
+    "vtrace": Preset(
+        "w = min(1, ρ); V-trace(λ) traces c = λ·min(1, ρ)",
+        "Espeholt et al. 2018 (arXiv 1802.01561)",
+        None,
+        None,
+        lambda tp, ta: (
+            PolicySide(kind="truncate", cap=1.0),
+            AdvantageSide(kind="clipped_trace", tau=1.0, clip="one_sided"),
+        ),
+    ),
+    "seq_tis": Preset(
+        "sequence weight w_i = min(Π_t ρ_t, 2), detached, on every token of sequence i",
+        "verl rollout_corr decoupled_seq_is (rollout_is: sequence, threshold 2.0)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="seq_truncate", cap=2.0), _GAE),
+    ),
+    "seq_mis": Preset(
+        "w_i = Π_t ρ_t · 1[Π_t ρ_t ≤ 2]: sequences over the cap are dropped",
+        "verl rollout_corr masked IS (threshold 2.0; its decoupled_seq_is_rs preset also drops Π ρ < 0.5: option low)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="seq_band", low=0.0, high=2.0), _GAE),
+    ),
+    "geo_rs": Preset(
+        "keep sequence i iff (Π_t ρ_t)^{1/T_i} ∈ [0.999, 1.001]; w = 1",
+        "verl rollout_corr decoupled_geo_rs (rollout_rs: seq_mean_k1, threshold 0.999_1.001)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="geo_band", low=0.999, high=1.001, weight="one"), _GAE),
+    ),
+    "cispo": Preset(
+        "J = sg(clip(r, 0, 5)) · Â · log π_θ with r = π_θ/μ: no token loses its gradient",
+        "MiniMax-M1 (arXiv 2506.13585) eqs. 4-5 (r against the sampling policy); bounds "
+        "1 − ε_lo = 0, 1 + ε_hi = 5 = SkyRL CISPOConfig (ScaleRL, arXiv 2510.13786)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="none", anchor="behavior", loss="cispo"), _GAE),
+    ),
+    "vcpo": Preset(
+        "w = ρ, drop ρ > 5 (decoupled), policy lr × √(ESS/N) of the sequence weights Π_t ρ_t",
+        "VCPO (arXiv 2602.17616) ESS-guided step scaling, sequence-level ESS as AReaL's port "
+        "(areal ess.py); its closed-form baseline is not used: Â comes from the critic",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0, step_size="ess"), _GAE),
+    ),
+    "a3po": Preset(
+        "decoupled PPO (w = π_prox/μ, drop ρ > 5) against log π_prox = log μ + α(log π_old − log μ), α = k/(k+1)",
+        "A-3PO (arXiv 2512.06547); AReaL prox_logp_method loglinear, α = (v_prox − v_b)/(v_θ − v_b)",
+        None,
+        None,
+        lambda tp, ta: (PolicySide(kind="ratio_band", low=0.0, high=5.0, anchor="interpolated"), _GAE),
+    ),
+    "copc_policy_only": Preset(
+        "COPC channel 1 (ratio band τ_p), GAE", "ablation", 2.0, None, lambda tp, ta: (_band(tp), _GAE)
+    ),
+    "copc_advantage_only": Preset(
+        "w = 1, COPC channel 2 (clipped traces τ_a)",
+        "ablation",
+        None,
+        2.0,
+        lambda tp, ta: (_NONE, AdvantageSide(kind="clipped_trace", tau=ta)),
+    ),
+    "copc": Preset(
+        "COPC: ratio band τ_p and clipped-ratio traces τ_a",
+        "arXiv 2610.09597 (project reading)",
+        2.0,
+        2.0,
+        lambda tp, ta: (_band(tp), AdvantageSide(kind="clipped_trace", tau=ta)),
+    ),
 }
 
 
@@ -195,11 +262,15 @@ def method_spec(
     error rather than silently ignored.
     """
     row = preset(name)
-    for label, given, default in (("tau_policy", tau_policy, row.default_tau_policy),
-                                  ("tau_advantage", tau_advantage, row.default_tau_advantage)):
+    for label, given, default in (
+        ("tau_policy", tau_policy, row.default_tau_policy),
+        ("tau_advantage", tau_advantage, row.default_tau_advantage),
+    ):
         if given is not None and default is None:
-            raise ValueError(f"method {name!r} has no {label}; methods with one: "
-                             f"{', '.join(n for n, p in METHODS.items() if has_band(p, label))}")
+            raise ValueError(
+                f"method {name!r} has no {label}; methods with one: "
+                f"{', '.join(n for n, p in METHODS.items() if has_band(p, label))}"
+            )
     tp = tau_policy if tau_policy is not None else row.default_tau_policy
     ta = tau_advantage if tau_advantage is not None else row.default_tau_advantage
     policy, advantage = row.build(tp, ta)
@@ -242,15 +313,33 @@ def _override(name: str, side: _Side, overrides: dict[str, object], allowed: dic
 def describe(spec: MethodSpec) -> str:
     """One line of what a resolved method runs: anchor, correction, loss, step size, estimator."""
     p, a = spec.policy, spec.advantage
-    anchor = p.anchor if p.anchor != "interpolated" else (
-        f"interpolated (α = {p.alpha:g})" if p.alpha is not None else "interpolated (α = k/(k+1))")
-    rule = {"none": "no weight", "truncate": f"w = min(ω, {p.cap:g})", "m2po": f"M2 mask τ = {p.m2_threshold:g}",
-            "ratio_band": f"ρ ∈ [{p.low:g}, {p.high:g}] ({p.mask_ratio})", "seq_truncate": f"w_i = min(Πω, {p.cap:g})",
-            "seq_band": f"Πρ ∈ [{p.low:g}, {p.high:g}]", "geo_band": f"(Πρ)^(1/T) ∈ [{p.low:g}, {p.high:g}]"}[p.kind]
-    weight = "" if p.kind in ("none", "truncate", "seq_truncate", "geo_band") else f", w = {'ω' if p.weight == 'ratio' else '1'}"
+    anchor = (
+        p.anchor
+        if p.anchor != "interpolated"
+        else (f"interpolated (α = {p.alpha:g})" if p.alpha is not None else "interpolated (α = k/(k+1))")
+    )
+    rule = {
+        "none": "no weight",
+        "truncate": f"w = min(ω, {p.cap:g})",
+        "m2po": f"M2 mask τ = {p.m2_threshold:g}",
+        "ratio_band": f"ρ ∈ [{p.low:g}, {p.high:g}] ({p.mask_ratio})",
+        "seq_truncate": f"w_i = min(Πω, {p.cap:g})",
+        "seq_band": f"Πρ ∈ [{p.low:g}, {p.high:g}]",
+        "geo_band": f"(Πρ)^(1/T) ∈ [{p.low:g}, {p.high:g}]",
+    }[p.kind]
+    weight = (
+        ""
+        if p.kind in ("none", "truncate", "seq_truncate", "geo_band")
+        else f", w = {'ω' if p.weight == 'ratio' else '1'}"
+    )
     loss = p.loss if p.loss != "cispo" else f"cispo [{1 - p.is_clip_low:g}, {1 + p.is_clip_high:g}]"
-    advantage = "GAE" if a.kind == "gae" else (f"traces c = clip(ρ, 1/{a.tau:g}, {a.tau:g})" if a.clip == "two_sided"
-                                              else f"traces c = min({a.tau:g}, ρ)")
+    advantage = (
+        "GAE"
+        if a.kind == "gae"
+        else (
+            f"traces c = clip(ρ, 1/{a.tau:g}, {a.tau:g})" if a.clip == "two_sided" else f"traces c = min({a.tau:g}, ρ)"
+        )
+    )
     step = ", lr × √(ESS/N)" if p.step_size == "ess" else ""
     return f"anchor {anchor}; {rule}{weight}; loss {loss}{step}; {advantage}"
 
@@ -305,20 +394,39 @@ def policy_terms(side: PolicySide, logp_old: Tensor, logp_behavior: Tensor, mask
     return PolicyTerms(log_ratio, anchor, weight_log_ratio, correct_policy(side, log_ratio, weight_log_ratio, mask))
 
 
-def actor_loss(side: PolicySide, logp: Tensor, anchor: Tensor, advantages: Tensor, correction: PolicyCorrection,
-               mask: Tensor, clip_low: float, clip_high: float, dual_clip: float | None) -> ActorLoss:
+def actor_loss(
+    side: PolicySide,
+    logp: Tensor,
+    anchor: Tensor,
+    advantages: Tensor,
+    correction: PolicyCorrection,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> ActorLoss:
     """The side's actor loss on one minibatch: PPO clip (ε from the method config), unclipped, or CISPO.
 
     Shapes: [b, T] tensors; returns 0-dim tensors.
     """
     by_kept = side.loss_denominator == "kept"
     if side.loss == "cispo":
-        return cispo_actor_loss(logp, anchor, advantages, correction.weight, correction.keep, mask, side.is_clip_low,
-                                side.is_clip_high, by_kept)
+        return cispo_actor_loss(
+            logp,
+            anchor,
+            advantages,
+            correction.weight,
+            correction.keep,
+            mask,
+            side.is_clip_low,
+            side.is_clip_high,
+            by_kept,
+        )
     if side.loss == "unclipped":
         clip_low, clip_high, dual_clip = 1.0, math.inf, None  # clip(r, 0, ∞) = r
-    return ppo_actor_loss(logp, anchor, advantages, correction.weight, correction.keep, mask, clip_low, clip_high,
-                          dual_clip, by_kept)
+    return ppo_actor_loss(
+        logp, anchor, advantages, correction.weight, correction.keep, mask, clip_low, clip_high, dual_clip, by_kept
+    )
 
 
 def step_size_scale(side: PolicySide, log_ratio: Tensor, mask: Tensor) -> Tensor:
@@ -352,6 +460,16 @@ def estimate_advantages(
     if side.kind == "gae":
         return AdvantageEstimate(gae_advantages(rewards, values, mask, gamma, lam, bootstrap_value), None)
     one_sided = side.clip == "one_sided"
-    output = copc_advantages(rewards, values, mask, log_ratio, gamma, lam, side.tau, one_sided,
-                             side.return_target == "traced", bootstrap_value)
+    output = copc_advantages(
+        rewards,
+        values,
+        mask,
+        log_ratio,
+        gamma,
+        lam,
+        side.tau,
+        one_sided,
+        side.return_target == "traced",
+        bootstrap_value,
+    )
     return AdvantageEstimate(output, trace_coefficients(log_ratio, side.tau, one_sided))

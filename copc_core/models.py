@@ -67,8 +67,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(shape.n_embd)
         self.attn = CausalSelfAttention(shape)
         self.ln2 = nn.LayerNorm(shape.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(shape.n_embd, 4 * shape.n_embd), nn.GELU(),
-                                 nn.Linear(4 * shape.n_embd, shape.n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(shape.n_embd, 4 * shape.n_embd), nn.GELU(), nn.Linear(4 * shape.n_embd, shape.n_embd)
+        )
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
         x = x + self.attn(self.ln1(x), cache, layer)

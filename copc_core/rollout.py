@@ -62,16 +62,26 @@ class TrajectoryBatch:
         """The tensors on `device` (the same object when they are there already)."""
         if self.mask.device == torch.device(device):
             return self
-        move = [getattr(self, n).to(device) for n in ("prompt_ids", "response_ids", "mask", "logp_behavior", "version",
-                                                      "rewards")]
+        move = [
+            getattr(self, n).to(device)
+            for n in ("prompt_ids", "response_ids", "mask", "logp_behavior", "version", "rewards")
+        ]
         return TrajectoryBatch(*move, self.problems, self.responses, self.truncated.to(device), self.pad_id)
 
     def select(self, index: Tensor) -> TrajectoryBatch:
         idx = index.tolist()
-        return TrajectoryBatch(self.prompt_ids[index], self.response_ids[index], self.mask[index],
-                               self.logp_behavior[index], self.version[index], self.rewards[index],
-                               [self.problems[i] for i in idx], [self.responses[i] for i in idx],
-                               self.truncated[index], self.pad_id)
+        return TrajectoryBatch(
+            self.prompt_ids[index],
+            self.response_ids[index],
+            self.mask[index],
+            self.logp_behavior[index],
+            self.version[index],
+            self.rewards[index],
+            [self.problems[i] for i in idx],
+            [self.responses[i] for i in idx],
+            self.truncated[index],
+            self.pad_id,
+        )
 
     def head(self, width: int) -> TrajectoryBatch:
         """The first `width` response positions of every episode (prompts, records and flags unchanged)."""
@@ -88,8 +98,9 @@ class TrajectoryBatch:
             return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
 
         return TrajectoryBatch(
-            torch.cat([torch.nn.functional.pad(b.prompt_ids, (P - b.prompt_ids.shape[1], 0), value=pad_id)
-                       for b in batches]),
+            torch.cat(
+                [torch.nn.functional.pad(b.prompt_ids, (P - b.prompt_ids.shape[1], 0), value=pad_id) for b in batches]
+            ),
             torch.cat([pad(b.response_ids, pad_id) for b in batches]),
             torch.cat([pad(b.mask, 0.0) for b in batches]),
             torch.cat([pad(b.logp_behavior, 0.0) for b in batches]),
@@ -131,8 +142,9 @@ class ActorCritic(Protocol):
 
 
 class RolloutEngine(Protocol):
-    def sample(self, problems: list, version: int, generator: torch.Generator, greedy: bool = False
-               ) -> TrajectoryBatch: ...
+    def sample(
+        self, problems: list, version: int, generator: torch.Generator, greedy: bool = False
+    ) -> TrajectoryBatch: ...
 
     def load_weights(self, state: dict[str, Tensor], version: int) -> None: ...
 
@@ -216,8 +228,9 @@ class TorchSampler:
         self.version = version
 
     @torch.no_grad()
-    def sample(self, problems: list, version: int | None = None, generator: torch.Generator | None = None,
-               greedy: bool = False) -> TrajectoryBatch:
+    def sample(
+        self, problems: list, version: int | None = None, generator: torch.Generator | None = None, greedy: bool = False
+    ) -> TrajectoryBatch:
         version = self.version if version is None else version
         codec = self.codec
         prompt_ids = left_pad([codec.prompt_ids(p) for p in problems], codec)
@@ -271,8 +284,18 @@ class TorchSampler:
         tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
         responses = ["".join(chars) for chars in env.text]
         rewards = outcome_rewards(self.task, problems, responses, mask, self.limits.format_reward)
-        return TrajectoryBatch(prompt_ids, tokens, mask, logp, torch.full((B, steps), version, dtype=torch.long),
-                               rewards, list(problems), responses, torch.tensor([not d for d in done]), codec.pad_id)
+        return TrajectoryBatch(
+            prompt_ids,
+            tokens,
+            mask,
+            logp,
+            torch.full((B, steps), version, dtype=torch.long),
+            rewards,
+            list(problems),
+            responses,
+            torch.tensor([not d for d in done]),
+            codec.pad_id,
+        )
 
 
 def outcome_rewards(task: Task, problems: list, responses: list[str], mask: Tensor, format_reward: float) -> Tensor:

@@ -90,8 +90,12 @@ def area_under_curve(steps: list[int], accuracy: list[float]) -> float:
     return area / (steps[-1] - steps[0])
 
 
-def summarise(evals: list[dict[str, float]], history: list[dict[str, float]], non_finite_step: int | None,
-              warmup: list[dict[str, float]] = ()) -> RunSummary:
+def summarise(
+    evals: list[dict[str, float]],
+    history: list[dict[str, float]],
+    non_finite_step: int | None,
+    warmup: list[dict[str, float]] = (),
+) -> RunSummary:
     """Build the summary from eval records ({step, eval/accuracy, eval/accuracy_greedy}), step metrics
     and the critic warm-up records."""
     steps = [int(e["step"]) for e in evals]

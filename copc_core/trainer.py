@@ -78,18 +78,22 @@ def evaluate(sampler: RolloutEngine, problems: list, config: RunConfig, step: in
     greedy = sampler.sample(problems, step, None, greedy=True)
     sampled = sampler.sample(problems, step, torch.Generator().manual_seed(config.task.eval_seed + step))
     sampled_acc = float(sampled.rewards.sum(1).eq(1.0).float().mean())
-    return {"step": float(step),
-            "eval/accuracy": sampled_acc,  # the policy being trained: temperature-1 samples
-            "eval/accuracy_sampled": sampled_acc,
-            "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean())}
+    return {
+        "step": float(step),
+        "eval/accuracy": sampled_acc,  # the policy being trained: temperature-1 samples
+        "eval/accuracy_sampled": sampled_acc,
+        "eval/accuracy_greedy": float(greedy.rewards.sum(1).eq(1.0).float().mean()),
+    }
 
 
 class Trainer:
     def __init__(self, config: RunConfig, warm_state: dict[str, torch.Tensor]):
         t = config.train
         if t.eta is not None:
-            raise BoundedStalenessNeedsRayError("bounded staleness (train.eta) samples with free-running workers: it "
-                                                "runs on the Ray runtime only (copc train --runtime ray)")
+            raise BoundedStalenessNeedsRayError(
+                "bounded staleness (train.eta) samples with free-running workers: it "
+                "runs on the Ray runtime only (copc train --runtime ray)"
+            )
         self.config = config
         self.model = build_model(config, t.seed)
         self.model.load_state_dict(warm_state)
@@ -153,8 +157,12 @@ class Trainer:
             del self.ring[v]
         step_s = time.perf_counter() - start
         metrics |= episode_stats(batch)
-        metrics |= {"step": float(self.step), "time/rollout_s": rollout_s, "time/step_s": step_s,
-                    "time/idle_frac": rollout_s / step_s}
+        metrics |= {
+            "step": float(self.step),
+            "time/rollout_s": rollout_s,
+            "time/step_s": step_s,
+            "time/idle_frac": rollout_s / step_s,
+        }
         self.history.append(metrics)
         if self.step % self.config.train.eval_every == 0 or self.step == self.config.train.steps:
             return metrics | self.evaluate()

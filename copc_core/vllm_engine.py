@@ -48,7 +48,7 @@ def vllm_unavailable_reason() -> str | None:
 def hf_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """The causal LM's own weights, under Hugging Face names, from an `HFActorCritic` state dict."""
     prefix = "policy."
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 class WeightSyncExtension:
@@ -57,8 +57,10 @@ class WeightSyncExtension:
     def copc_load_weights(self, weights: dict[str, Tensor]) -> int:
         wrong = sorted({type(v).__name__ for v in weights.values() if not isinstance(v, Tensor)})
         if wrong:
-            raise TypeError(f"weights arrived as {', '.join(wrong)}, not tensors: the RPC went through vLLM's "
-                            "multiprocess engine core (set VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+            raise TypeError(
+                f"weights arrived as {', '.join(wrong)}, not tensors: the RPC went through vLLM's "
+                "multiprocess engine core (set VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+            )
         device = next(self.model_runner.model.parameters()).device
         loaded = self.model_runner.model.load_weights(weights=((k, v.to(device)) for k, v in weights.items()))
         return len(loaded) if loaded is not None else len(weights)
@@ -67,8 +69,16 @@ class WeightSyncExtension:
 class VLLMEngine:
     """Rollouts with vLLM (see the module docstring); the same `sample` / `load_weights` as `TorchSampler`."""
 
-    def __init__(self, model: str, task: Task, codec: Codec, limits: EpisodeLimits, sync_timeout_s: float = 300.0,
-                 seed: int = 0, **engine_kwargs):
+    def __init__(
+        self,
+        model: str,
+        task: Task,
+        codec: Codec,
+        limits: EpisodeLimits,
+        sync_timeout_s: float = 300.0,
+        seed: int = 0,
+        **engine_kwargs,
+    ):
         reason = vllm_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")
@@ -78,8 +88,14 @@ class VLLMEngine:
 
         # generation_config="vllm": ignore the checkpoint's sampling defaults (top-k/top-p would make μ a
         # truncated distribution the learner's full softmax does not recompute)
-        self.llm = LLM(model=model, seed=seed, logprobs_mode="processed_logprobs", generation_config="vllm",
-                       worker_extension_cls=f"{__name__}.WeightSyncExtension", **engine_kwargs)
+        self.llm = LLM(
+            model=model,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+            **engine_kwargs,
+        )
         self.task = task
         self.codec = codec
         self.limits = limits
@@ -93,8 +109,9 @@ class VLLMEngine:
         try:
             future.result(timeout=self.sync_timeout_s)
         except concurrent.futures.TimeoutError as err:
-            raise WeightSyncTimeout(f"vLLM weight update to version {version} took over {self.sync_timeout_s} s"
-                                    ) from err
+            raise WeightSyncTimeout(
+                f"vLLM weight update to version {version} took over {self.sync_timeout_s} s"
+            ) from err
         finally:
             pool.shutdown(wait=False)
         self.llm.reset_prefix_cache()
@@ -103,12 +120,20 @@ class VLLMEngine:
     def _params(self, max_tokens: int, greedy: bool, seed: int | None):
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=0.0 if greedy else self.limits.temperature, top_p=1.0, max_tokens=max_tokens, logprobs=0,
-                              stop=[CALL_CLOSE, "."], include_stop_str_in_output=True, seed=seed,
-                              skip_special_tokens=False)
+        return SamplingParams(
+            temperature=0.0 if greedy else self.limits.temperature,
+            top_p=1.0,
+            max_tokens=max_tokens,
+            logprobs=0,
+            stop=[CALL_CLOSE, "."],
+            include_stop_str_in_output=True,
+            seed=seed,
+            skip_special_tokens=False,
+        )
 
-    def sample(self, problems: list, version: int | None = None, generator: torch.Generator | None = None,
-               greedy: bool = False) -> TrajectoryBatch:
+    def sample(
+        self, problems: list, version: int | None = None, generator: torch.Generator | None = None, greedy: bool = False
+    ) -> TrajectoryBatch:
         from vllm.inputs import TokensPrompt
 
         version = self.version if version is None else version
@@ -124,8 +149,10 @@ class VLLMEngine:
         while not all(done):
             active = [i for i in range(B) if not done[i]]
             requests = [TokensPrompt(prompt_token_ids=prompts[i] + env.ids[i]) for i in active]
-            params = [self._params(T - len(env.ids[i]), greedy, None if seed is None else seed + i + 1000 * len(env.ids[i]))
-                      for i in active]
+            params = [
+                self._params(T - len(env.ids[i]), greedy, None if seed is None else seed + i + 1000 * len(env.ids[i]))
+                for i in active
+            ]
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             for i, out in zip(active, outputs):
                 completion = out.outputs[0]
@@ -159,6 +186,15 @@ class VLLMEngine:
             mask_t[i, :n] = torch.tensor(mask[i])
             logp_t[i, :n] = torch.tensor(logp[i])
         rewards = outcome_rewards(self.task, problems, responses, mask_t, self.limits.format_reward)
-        return TrajectoryBatch(left_pad(prompts, codec), tokens, mask_t, logp_t,
-                               torch.full((B, steps), version, dtype=torch.long), rewards, list(problems), responses,
-                               torch.tensor([not e for e in ended]), codec.pad_id)
+        return TrajectoryBatch(
+            left_pad(prompts, codec),
+            tokens,
+            mask_t,
+            logp_t,
+            torch.full((B, steps), version, dtype=torch.long),
+            rewards,
+            list(problems),
+            responses,
+            torch.tensor([not e for e in ended]),
+            codec.pad_id,
+        )

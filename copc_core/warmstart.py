@@ -26,8 +26,9 @@ def warm_start_key(config: RunConfig) -> str:
     return config.config_hash("model", "task", "warm_start")
 
 
-def demo_batch(problems: list, config: RunConfig, rng: random.Random, codec: Codec | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def demo_batch(
+    problems: list, config: RunConfig, rng: random.Random, codec: Codec | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [B, P + T] and a loss mask [B, P + T − 1] over the policy tokens of each response.
 
     Prompts are left-padded to a shared width P (as the sampler lays them out), responses
@@ -38,7 +39,13 @@ def demo_batch(problems: list, config: RunConfig, rng: random.Random, codec: Cod
     prompts, responses = [], []
     for p in problems:
         u = rng.random()
-        kind = "correct" if u < ws.frac_correct else "wrong_order" if u < ws.frac_correct + ws.frac_wrong_order else "guess"
+        kind = (
+            "correct"
+            if u < ws.frac_correct
+            else "wrong_order"
+            if u < ws.frac_correct + ws.frac_wrong_order
+            else "guess"
+        )
         ids, mask = codec.response_ids(task.demonstration(p, kind, rng))
         prompts.append(codec.prompt_ids(p))
         responses.append((ids[: config.task.max_response_tokens], mask[: config.task.max_response_tokens]))
@@ -63,13 +70,15 @@ def warm_start(config: RunConfig, progress=None) -> dict[str, torch.Tensor]:
     rng = random.Random(ws.seed)
     eval_set = {p.key for p in task.eval_problems()}
     for step in range(ws.steps):
-        problems = [p for p in task.sample(ws.batch_size * 2, rng.randrange(2**31))
-                    if p.key not in eval_set][: ws.batch_size]
+        problems = [p for p in task.sample(ws.batch_size * 2, rng.randrange(2**31)) if p.key not in eval_set][
+            : ws.batch_size
+        ]
         ids, loss_mask = demo_batch(problems, config, rng, codec)
         ids, loss_mask = ids.to(device), loss_mask.to(device)
         logits, _ = model(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                 reduction="none")
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
         loss = (loss * loss_mask.reshape(-1)).sum() / loss_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,4 +1,4 @@
-"""The `copc` command line: `copc train`, `copc methods`, `copc sweep`, `copc report`, `copc analyze`, `copc serve`, `copc up`."""
+"""The `copc` command line: train, methods, hf-tiny, sweep, report, analyze, serve, dashboard, up."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
+
 
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
@@ -80,8 +81,9 @@ def _read_text(path: pathlib.Path) -> str:
         _fail(f"{path} is not UTF-8 text: {err}")
 
 
-def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, object], task: Optional[str] = None,
-                     base=None):
+def build_run_config(
+    config_file: Optional[pathlib.Path], overrides: dict[str, object], task: Optional[str] = None, base=None
+):
     """A RunConfig from an optional JSON file (or `base`) plus CLI overrides (dotted paths), validated once.
 
     `task` switches to that built-in task's default section unless the config already runs it."""
@@ -108,15 +110,23 @@ def build_run_config(config_file: Optional[pathlib.Path], overrides: dict[str, o
 def train(
     method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)"),
     task: Optional[str] = typer.Option(None, help="built-in task: tool_math (default) | search"),
-    staleness: Optional[int] = typer.Option(None, help="controlled lag k in versions (learner steps; one version = "
-                                                        "minibatches × epochs optimizer updates; 0 = synchronous)"),
+    staleness: Optional[int] = typer.Option(
+        None,
+        help="controlled lag k in versions (learner steps; one version = "
+        "minibatches × epochs optimizer updates; 0 = synchronous)",
+    ),
     lag: Optional[str] = typer.Option(None, help="exact (every batch k versions old) | uniform (lag drawn from 0..k)"),
-    eta: Optional[int] = typer.Option(None, help="bounded staleness η instead of a controlled lag: free-running "
-                                                 "sampling on the Ray runtime (implies --runtime ray)"),
-    anchor: Optional[str] = typer.Option(None, help="PPO ratio anchor: behavior | recomputed | interpolated "
-                                                    "(default: the method's; see `copc methods`)"),
-    separate_critic: Optional[bool] = typer.Option(None, "--separate-critic/--shared-critic",
-                                                   help="critic trunk of its own, or the value head on the policy's"),
+    eta: Optional[int] = typer.Option(
+        None,
+        help="bounded staleness η instead of a controlled lag: free-running "
+        "sampling on the Ray runtime (implies --runtime ray)",
+    ),
+    anchor: Optional[str] = typer.Option(
+        None, help="PPO ratio anchor: behavior | recomputed | interpolated (default: the method's; see `copc methods`)"
+    ),
+    separate_critic: Optional[bool] = typer.Option(
+        None, "--separate-critic/--shared-critic", help="critic trunk of its own, or the value head on the policy's"
+    ),
     critic_warmup_steps: Optional[int] = typer.Option(None, help="value-only updates before the first policy update"),
     tau_policy: Optional[float] = typer.Option(None, help="policy mask band τ_p ≥ 1 (inf: no mask)"),
     tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1"),
@@ -129,16 +139,23 @@ def train(
     run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
     runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI the run is logged to (default: "
-                                                            "$MLFLOW_TRACKING_URI or SQLite under the data folder)"),
+    tracking_uri: Optional[str] = typer.Option(
+        None,
+        help="MLflow tracking URI the run is logged to (default: $MLFLOW_TRACKING_URI or SQLite under the data folder)",
+    ),
     ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
-    preset: Optional[str] = typer.Option(None, help="run preset (base config): embedded-default | embedded-search | "
-                                                    "scale-out-qwen2.5-0.5b | scale-out-qwen2.5-1.5b-search"),
-    hf_model: Optional[str] = typer.Option(None, help="a Hugging Face causal LM (Hub id or local directory) "
-                                                      "instead of the tiny GPT"),
+    preset: Optional[str] = typer.Option(
+        None,
+        help="run preset (base config): embedded-default | embedded-search | "
+        "scale-out-qwen2.5-0.5b | scale-out-qwen2.5-1.5b-search",
+    ),
+    hf_model: Optional[str] = typer.Option(
+        None, help="a Hugging Face causal LM (Hub id or local directory) instead of the tiny GPT"
+    ),
     device: Optional[str] = typer.Option(None, help="cpu | cuda | auto (where the model runs)"),
-    rollout_workers: Optional[int] = typer.Option(None, help="Ray rollout actors (one GPU each in the scale-out "
-                                                             "presets)"),
+    rollout_workers: Optional[int] = typer.Option(
+        None, help="Ray rollout actors (one GPU each in the scale-out presets)"
+    ),
 ) -> None:
     """Train one run: the embedded default (tiny GPT, tool-math task, or --task search), a preset, or an HF model."""
     base = None
@@ -151,15 +168,31 @@ def train(
             _fail(str(err))
     if config is not None and base is not None:
         _fail("give --config or --preset, not both")
-    cfg = build_run_config(config, {
-        "method.name": method, "train.staleness": staleness, "train.lag": lag, "train.eta": eta,
-        "method.anchor": anchor, "model.separate_critic": separate_critic,
-        "train.critic_warmup_steps": critic_warmup_steps, "method.tau_policy": tau_policy,
-        "method.tau_advantage": tau_advantage, "train.seed": seed, "train.steps": steps,
-        "train.batch_size": batch_size, "train.lr": lr, "train.eval_every": eval_every,
-        "model.backend": "hf" if hf_model else None, "model.hf_model": hf_model, "model.device": device,
-        "resources.rollout_workers": rollout_workers,
-    }, task, base=base)
+    cfg = build_run_config(
+        config,
+        {
+            "method.name": method,
+            "train.staleness": staleness,
+            "train.lag": lag,
+            "train.eta": eta,
+            "method.anchor": anchor,
+            "model.separate_critic": separate_critic,
+            "train.critic_warmup_steps": critic_warmup_steps,
+            "method.tau_policy": tau_policy,
+            "method.tau_advantage": tau_advantage,
+            "train.seed": seed,
+            "train.steps": steps,
+            "train.batch_size": batch_size,
+            "train.lr": lr,
+            "train.eval_every": eval_every,
+            "model.backend": "hf" if hf_model else None,
+            "model.hf_model": hf_model,
+            "model.device": device,
+            "resources.rollout_workers": rollout_workers,
+        },
+        task,
+        base=base,
+    )
     if runtime not in ("inprocess", "ray"):
         _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
     if cfg.train.eta is not None and runtime != "ray":
@@ -180,8 +213,11 @@ def train(
     root = data_dir()
     run_dir = run_dir or root / "runs" / cfg.config_hash()
     t = cfg.train
-    schedule = (f"η = {t.eta}" if t.eta is not None else
-                f"k = {t.staleness} ({t.lag}; {t.staleness * t.updates_per_version} optimizer updates)")
+    schedule = (
+        f"η = {t.eta}"
+        if t.eta is not None
+        else f"k = {t.staleness} ({t.lag}; {t.staleness * t.updates_per_version} optimizer updates)"
+    )
     typer.echo(f"run {cfg.config_hash()} · task {cfg.task.name} · method {cfg.method.name} · {schedule} · {run_dir}")
     warm_bar = None
 
@@ -213,22 +249,36 @@ def train(
             bar = tqdm(total=cfg.train.steps, initial=trainer.step - 1, desc="RL", unit="step", file=sys.stderr)
         bar.update(1)
         last = trainer.evals[-1]
-        bar.set_postfix(acc=f"{last['eval/accuracy']:.2f}", reward=f"{metrics['reward/mean']:.2f}",
-                        ess=f"{metrics['correction/ess']:.2f}")
+        bar.set_postfix(
+            acc=f"{last['eval/accuracy']:.2f}",
+            reward=f"{metrics['reward/mean']:.2f}",
+            ess=f"{metrics['correction/ess']:.2f}",
+        )
 
     from infra.checkpoints import CheckpointError
 
     try:
-        summary, run_dir, run_id = train_and_track(cfg, root, runtime, run_dir, tracking_uri, ray_address, resume,
-                                                   on_step=on_step, on_warm_start=on_warm,
-                                                   on_critic_warmup=on_critic_warmup)
+        summary, run_dir, run_id = train_and_track(
+            cfg,
+            root,
+            runtime,
+            run_dir,
+            tracking_uri,
+            ray_address,
+            resume,
+            on_step=on_step,
+            on_warm_start=on_warm,
+            on_critic_warmup=on_critic_warmup,
+        )
     except CheckpointError as err:
         _fail(str(err))
     if bar is not None:
         bar.close()
     typer.echo(json.dumps(summary.model_dump(), indent=2))
-    typer.echo(f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
-               f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}")
+    typer.echo(
+        f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
+        f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}"
+    )
     typer.echo(f"MLflow run {run_id} (kind train) in {tracking_uri or 'the data folder'}; files in {run_dir}")
 
 
@@ -242,11 +292,13 @@ def methods() -> None:
 
     for name, row in METHODS.items():
         typer.echo(f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}\n    source: {row.source}")
-    typer.echo("\nanchors of the PPO ratio r = π_θ / π_anchor (option method.anchor):\n"
-               "    behavior      π_anchor = μ, the rollout's log-probs; the IS weight sits inside r (w = 1)\n"
-               "    recomputed    π_anchor = π_old, the learner's recompute; w = ρ = π_old/μ\n"
-               "    interpolated  log π_anchor = log μ + α (log π_old − log μ); w = π_anchor/μ; α = "
-               "method.anchor_alpha or k/(k+1) (A-3PO)")
+    typer.echo(
+        "\nanchors of the PPO ratio r = π_θ / π_anchor (option method.anchor):\n"
+        "    behavior      π_anchor = μ, the rollout's log-probs; the IS weight sits inside r (w = 1)\n"
+        "    recomputed    π_anchor = π_old, the learner's recompute; w = ρ = π_old/μ\n"
+        "    interpolated  log π_anchor = log μ + α (log π_old − log μ); w = π_anchor/μ; α = "
+        "method.anchor_alpha or k/(k+1) (A-3PO)"
+    )
 
 
 @app.command("hf-tiny")
@@ -297,8 +349,15 @@ def _swept_methods(text: str) -> list[dict]:
     return out
 
 
-def _space_with_axes(space, methods: Optional[str], tau_policy: Optional[str], tau_advantage: Optional[str],
-                     staleness: Optional[str], seeds: Optional[str], steps: Optional[int]):
+def _space_with_axes(
+    space,
+    methods: Optional[str],
+    tau_policy: Optional[str],
+    tau_advantage: Optional[str],
+    staleness: Optional[str],
+    seeds: Optional[str],
+    steps: Optional[int],
+):
     """The space with the axes given as flags replaced; band flags apply to every method that has the band."""
     from copc_core.methods import has_band, preset
     from sweeps.space import BANDS, SweepSpace
@@ -315,8 +374,11 @@ def _space_with_axes(space, methods: Optional[str], tau_policy: Optional[str], t
             _fail(f"{option} given, but no method of the sweep has that band")
         for m in takers:
             m[band] = values
-    for key, value in (("staleness", _ints(staleness, "--staleness")), ("seeds", _ints(seeds, "--seeds")),
-                       ("steps", steps)):
+    for key, value in (
+        ("staleness", _ints(staleness, "--staleness")),
+        ("seeds", _ints(seeds, "--seeds")),
+        ("steps", steps),
+    ):
         if value is not None:
             data[key] = value
     return SweepSpace.model_validate(data)
@@ -330,15 +392,22 @@ def _known_methods() -> list[str]:
 
 @app.command()
 def sweep(
-    name: Optional[str] = typer.Option(None, help="study / MLflow parent-run name (rerun to resume; default: "
-                                                  "the preset's name)"),
-    preset: str = typer.Option("embedded-default", help="sweep preset (space + base config): "
-                                                        "embedded-default | claims-tool-math | claims-search"),
+    name: Optional[str] = typer.Option(
+        None, help="study / MLflow parent-run name (rerun to resume; default: the preset's name)"
+    ),
+    preset: str = typer.Option(
+        "embedded-default",
+        help="sweep preset (space + base config): embedded-default | claims-tool-math | claims-search",
+    ),
     task: Optional[str] = typer.Option(None, help="built-in task of the base config: tool_math | search"),
-    space_file: Optional[pathlib.Path] = typer.Option(None, "--space", help="a SweepSpace JSON file (replaces the "
-                                                                             "preset's space; the flags below override it)"),
-    methods: Optional[str] = typer.Option(None, help="methods axis, comma-separated, a reading in brackets: "
-                                                     "copc,copc[behavior],async_ppo,tis (see `copc methods`)"),
+    space_file: Optional[pathlib.Path] = typer.Option(
+        None, "--space", help="a SweepSpace JSON file (replaces the preset's space; the flags below override it)"
+    ),
+    methods: Optional[str] = typer.Option(
+        None,
+        help="methods axis, comma-separated, a reading in brackets: "
+        "copc,copc[behavior],async_ppo,tis (see `copc methods`)",
+    ),
     tau_policy: Optional[str] = typer.Option(None, help="τ_p values of every method with a τ_p, e.g. 1.5,2,4,inf"),
     tau_advantage: Optional[str] = typer.Option(None, help="τ_a values of every method with a τ_a, e.g. 1,1.25,2"),
     staleness: Optional[str] = typer.Option(None, help="staleness levels, e.g. 0,4,16 (lags k in versions)"),
@@ -347,8 +416,9 @@ def sweep(
     max_parallel: Optional[int] = typer.Option(None, min=1, max=4096, help="trials at once (default: one per CPU)"),
     config: Optional[pathlib.Path] = typer.Option(None, help="base RunConfig JSON (the grid overrides it)"),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder)"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI "
-                                                            "or SQLite under the data folder)"),
+    tracking_uri: Optional[str] = typer.Option(
+        None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or SQLite under the data folder)"
+    ),
     sampler: str = typer.Option("grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"),
 ) -> None:
     """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
@@ -385,9 +455,18 @@ def sweep(
     _servers_up(tracking_uri)
     from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
 
-    params = SweepParams.model_validate({"name": name, "space": space, "base": base, "storage": storage,
-                                         "tracking_uri": tracking_uri, "sampler": sampler,
-                                         "max_parallel": max_parallel}, context=LOCAL_CALLER)
+    params = SweepParams.model_validate(
+        {
+            "name": name,
+            "space": space,
+            "base": base,
+            "storage": storage,
+            "tracking_uri": tracking_uri,
+            "sampler": sampler,
+            "max_parallel": max_parallel,
+        },
+        context=LOCAL_CALLER,
+    )
     from sweeps.study import StudyFormatError
 
     try:
@@ -398,8 +477,10 @@ def sweep(
     # the per-cell table went to the flow's log (on this console too)
     for line in result["best_per_level"]:
         typer.echo(f"best {line}")
-    typer.echo(f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
-               f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else ""))
+    typer.echo(
+        f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
+        f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else "")
+    )
     typer.echo(f"HTML report: {result['report']}")
 
 
@@ -407,10 +488,14 @@ def sweep(
 def report(
     sweep: list[str] = typer.Option(["embedded-default"], "--sweep", help="sweep name (repeat for several)"),
     out: Optional[pathlib.Path] = typer.Option(None, help="HTML file (default: <data>/reports/<sweep>.html)"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI "
-                                                            "or SQLite under the data folder)"),
-    mlflow_ui: Optional[str] = typer.Option(None, help="MLflow UI base URL for run links (default: the tracking "
-                                                         "server, or http://127.0.0.1:5000 as `copc up` serves)"),
+    tracking_uri: Optional[str] = typer.Option(
+        None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or SQLite under the data folder)"
+    ),
+    mlflow_ui: Optional[str] = typer.Option(
+        None,
+        help="MLflow UI base URL for run links (default: the tracking "
+        "server, or http://127.0.0.1:5000 as `copc up` serves)",
+    ),
     baseline: str = typer.Option("async_ppo", help="method the learner-time ratio is taken against"),
 ) -> None:
     """Build the HTML report of one or more sweeps from MLflow (runs through the copc-report flow)."""
@@ -418,9 +503,16 @@ def report(
     from flows.prefect_flows import LOCAL_CALLER, ReportParams
 
     try:
-        params = ReportParams.model_validate({"sweeps": sweep, "out": str(out) if out else None,
-                                              "tracking_uri": tracking_uri, "mlflow_ui": mlflow_ui,
-                                              "baseline": baseline}, context=LOCAL_CALLER)
+        params = ReportParams.model_validate(
+            {
+                "sweeps": sweep,
+                "out": str(out) if out else None,
+                "tracking_uri": tracking_uri,
+                "mlflow_ui": mlflow_ui,
+                "baseline": baseline,
+            },
+            context=LOCAL_CALLER,
+        )
     except ValidationError as err:
         _fail(_validation_message(err))
     from infra.settings import data_dir
@@ -465,9 +557,17 @@ def analyze(
     (runs through the copc-analysis flow; no training, no Ray)."""
     from copc_core.analysis.token_mdp import AnalysisSpec
 
-    given = {"method": method, "tau_policy": _floats(tau_policy, "--tau-policy"),
-             "tau_advantage": _floats(tau_advantage, "--tau-advantage"), "staleness": _floats(staleness, "--staleness"),
-             "critic_error": critic_error, "batch_size": batch_size, "vocab": vocab, "horizon": horizon, "seed": seed}
+    given = {
+        "method": method,
+        "tau_policy": _floats(tau_policy, "--tau-policy"),
+        "tau_advantage": _floats(tau_advantage, "--tau-advantage"),
+        "staleness": _floats(staleness, "--staleness"),
+        "critic_error": critic_error,
+        "batch_size": batch_size,
+        "vocab": vocab,
+        "horizon": horizon,
+        "seed": seed,
+    }
     try:
         spec = AnalysisSpec(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
@@ -513,8 +613,9 @@ def serve() -> None:
 
 @app.command()
 def dashboard(
-    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder, "
-                                                     "where `copc sweep` keeps its studies)"),
+    storage: Optional[str] = typer.Option(
+        None, help="Optuna storage URL (default: SQLite under the data folder, where `copc sweep` keeps its studies)"
+    ),
     host: str = typer.Option("127.0.0.1", help="interface to bind (loopback by default; the dashboard has no auth)"),
     port: int = typer.Option(8080, min=1, max=65535, help="port"),
 ) -> None:
@@ -528,8 +629,12 @@ def dashboard(
             _fail(f"no Optuna storage at {db}: run a sweep first (or give --storage)")
         storage = f"sqlite:///{db}"
     if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.secho(f"warning: the dashboard on {host} lets anyone who reaches it read and edit the studies "
-                    "(optuna-dashboard has no authentication)", fg=typer.colors.YELLOW, err=True)
+        typer.secho(
+            f"warning: the dashboard on {host} lets anyone who reaches it read and edit the studies "
+            "(optuna-dashboard has no authentication)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     import optuna
     from optuna_dashboard import run_server
 
@@ -552,13 +657,18 @@ def up(
     prefect_port: int = typer.Option(4200, min=1, max=65535, help="Prefect server port"),
     mlflow_port: int = typer.Option(5000, min=1, max=65535, help="MLflow server port"),
     host: str = typer.Option("127.0.0.1", help="bind address (loopback unless you say otherwise)"),
-    prefect_auth: Optional[str] = typer.Option(None, envvar="COPC_PREFECT_AUTH", help="'user:password' the Prefect "
-                                               "API requires (clients: export PREFECT_API_AUTH_STRING=user:password)"),
-    mlflow_allowed_hosts: Optional[str] = typer.Option(None, help="MLflow --allowed-hosts (its default admits "
-                                                                  "localhost and private-network hosts)"),
+    prefect_auth: Optional[str] = typer.Option(
+        None,
+        envvar="COPC_PREFECT_AUTH",
+        help="'user:password' the Prefect API requires (clients: export PREFECT_API_AUTH_STRING=user:password)",
+    ),
+    mlflow_allowed_hosts: Optional[str] = typer.Option(
+        None, help="MLflow --allowed-hosts (its default admits localhost and private-network hosts)"
+    ),
     mlflow_cors_origins: Optional[str] = typer.Option(None, help="MLflow --cors-allowed-origins"),
-    mlflow_basic_auth: bool = typer.Option(False, help="MLflow's basic-auth app (it creates an admin user on "
-                                                       "first start: change its password)"),
+    mlflow_basic_auth: bool = typer.Option(
+        False, help="MLflow's basic-auth app (it creates an admin user on first start: change its password)"
+    ),
 ) -> None:
     """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C (or SIGTERM).
 
@@ -572,13 +682,19 @@ def up(
     if prefect_auth is not None and ":" not in prefect_auth:
         _fail("--prefect-auth must be 'user:password'")
     if host not in LOOPBACK:
-        typer.secho(f"warning: binding {host}: the servers are reachable from other machines. "
-                    + ("" if prefect_auth else "The Prefect API has no authentication (--prefect-auth). ")
-                    + ("" if mlflow_basic_auth else "MLflow has no authentication (--mlflow-basic-auth). ")
-                    + ("" if mlflow_allowed_hosts else "MLflow accepts requests for any private-network host name "
-                       "(--mlflow-allowed-hosts). ")
-                    + "Anyone who reaches them can start runs that write files under the data folder.",
-                    fg=typer.colors.YELLOW, err=True)
+        typer.secho(
+            f"warning: binding {host}: the servers are reachable from other machines. "
+            + ("" if prefect_auth else "The Prefect API has no authentication (--prefect-auth). ")
+            + ("" if mlflow_basic_auth else "MLflow has no authentication (--mlflow-basic-auth). ")
+            + (
+                ""
+                if mlflow_allowed_hosts
+                else "MLflow accepts requests for any private-network host name (--mlflow-allowed-hosts). "
+            )
+            + "Anyone who reaches them can start runs that write files under the data folder.",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -587,8 +703,16 @@ def up(
     # take both signals explicitly so `copc up &` can still be stopped cleanly
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
-    with LocalStack(data_dir(), host, prefect_port, mlflow_port, prefect_auth, mlflow_allowed_hosts,
-                    mlflow_cors_origins, mlflow_basic_auth) as stack:
+    with LocalStack(
+        data_dir(),
+        host,
+        prefect_port,
+        mlflow_port,
+        prefect_auth,
+        mlflow_allowed_hosts,
+        mlflow_cors_origins,
+        mlflow_basic_auth,
+    ) as stack:
         typer.echo(f"Prefect UI and API: {stack.prefect_url}   (export PREFECT_API_URL={stack.prefect_url}/api)")
         typer.echo(f"MLflow UI:          {stack.mlflow_url}   (export MLFLOW_TRACKING_URI={stack.mlflow_url})")
         typer.echo("Ctrl-C stops both.")

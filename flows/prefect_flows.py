@@ -69,8 +69,9 @@ class ReportParams(BaseModel):
     sweeps: list[SweepName] = Field(default_factory=lambda: ["embedded-default"], min_length=1, max_length=50)
     out: Optional[str] = Field(None, description="HTML file (default: <data>/reports/<sweeps>.html)")
     tracking_uri: Optional[str] = None
-    mlflow_ui: Optional[str] = Field(None, pattern=r"^https?://[^\s\"'<>]+$",
-                                     description="base URL (http or https) of the MLflow UI for run links")
+    mlflow_ui: Optional[str] = Field(
+        None, pattern=r"^https?://[^\s\"'<>]+$", description="base URL (http or https) of the MLflow UI for run links"
+    )
     baseline: str = Field("async_ppo", description="method the learner-time ratio is taken against")
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
@@ -113,13 +114,18 @@ def copc_train(params: TrainParams) -> dict:
 
     from infra.local_run import train_and_track
 
-    summary, run_dir, run_id = train_and_track(params.config, _data(params.data_dir), params.runtime,
-                                               tags={"prefect_flow_run_id": str(flow_run.get_id())})
+    summary, run_dir, run_id = train_and_track(
+        params.config, _data(params.data_dir), params.runtime, tags={"prefect_flow_run_id": str(flow_run.get_id())}
+    )
     s = summary
-    publish_markdown("copc-train-summary", f"### Run {params.config.config_hash()}\n\nheld-out accuracy: warm start "
-                     f"{s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} (peak {s.peak_accuracy:.3f})"
-                     f"{' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}\n\nMLflow run `{run_id}`; "
-                     f"files: `{run_dir}`\n\n```\n{s.model_dump_json(indent=2)}\n```", "run summary")
+    publish_markdown(
+        "copc-train-summary",
+        f"### Run {params.config.config_hash()}\n\nheld-out accuracy: warm start "
+        f"{s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} (peak {s.peak_accuracy:.3f})"
+        f"{' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}\n\nMLflow run `{run_id}`; "
+        f"files: `{run_dir}`\n\n```\n{s.model_dump_json(indent=2)}\n```",
+        "run summary",
+    )
     return summary.model_dump() | {"mlflow_run_id": run_id, "run_dir": str(run_dir)}
 
 
@@ -132,21 +138,44 @@ def copc_sweep(params: SweepParams) -> dict:
     from reports.frames import run_url
 
     logger = get_run_logger()
-    result = run_sweep(params.space, params.name, params.base, _data(params.data_dir), params.storage,
-                       params.tracking_uri, params.sampler, params.max_parallel, progress=logger)
+    result = run_sweep(
+        params.space,
+        params.name,
+        params.base,
+        _data(params.data_dir),
+        params.storage,
+        params.tracking_uri,
+        params.sampler,
+        params.max_parallel,
+        progress=logger,
+    )
     table = grid_table(result.study, params.space)
     logger.info("\n%s", table)
-    report = copc_report(ReportParams.model_validate({"sweeps": [params.name], "tracking_uri": result.tracking_uri,
-                                                      "data_dir": params.data_dir}, context=LOCAL_CALLER))
+    report = copc_report(
+        ReportParams.model_validate(
+            {"sweeps": [params.name], "tracking_uri": result.tracking_uri, "data_dir": params.data_dir},
+            context=LOCAL_CALLER,
+        )
+    )
     ui = mlflow_ui_for(result.tracking_uri)
     experiment = _experiment_of(result)
     rows = sweep_rows(result.study, params.space)
     best = best_per_level(rows, params.space.schedule)
-    publish_markdown("copc-sweep", _sweep_markdown(params, result, rows, best, report["path"], ui, experiment, run_url),
-                     "joint sweep")
-    return {"parent_run_id": result.parent_run_id, "trials": len(result.outcomes), "table": table,
-            "report": report["path"], "failed": result.failed, "storage": result.storage,
-            "tracking_uri": result.tracking_uri, "best_per_level": best}
+    publish_markdown(
+        "copc-sweep",
+        _sweep_markdown(params, result, rows, best, report["path"], ui, experiment, run_url),
+        "joint sweep",
+    )
+    return {
+        "parent_run_id": result.parent_run_id,
+        "trials": len(result.outcomes),
+        "table": table,
+        "report": report["path"],
+        "failed": result.failed,
+        "storage": result.storage,
+        "tracking_uri": result.tracking_uri,
+        "best_per_level": best,
+    }
 
 
 def _experiment_of(result) -> str:
@@ -159,27 +188,40 @@ def _fmt(v) -> str:
     return "—" if v is None or v != v else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
-def _sweep_markdown(params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str,
-                    experiment: str, run_url) -> str:
+def _sweep_markdown(
+    params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str, experiment: str, run_url
+) -> str:
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
     from sweeps.space import point_label
 
-    lines = [f"### Sweep {params.name}", "", "best cell per staleness level (seed mean):", "",
-             *(f"- {b}" for b in best or ["none finished"]), "",
-             f"report: `{report}` (also the artifact `report/` of the [parent run]"
-             f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`", "",
-             "| method | τ_p | τ_a | k | seeds | objective mean | sd | final mean | sd | collapsed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {_fmt(r['tau_policy'])} | {_fmt(r['tau_advantage'])} | {r['staleness']} | {r['seeds']} | "
-              f"{_fmt(r['objective_mean'])} | {_fmt(r['objective_sd'])} | {_fmt(r['final_mean'])} | {_fmt(r['final_sd'])} | "
-              f"{r['collapsed']}/{r['seeds']} |" for r in rows]
+    lines = [
+        f"### Sweep {params.name}",
+        "",
+        "best cell per staleness level (seed mean):",
+        "",
+        *(f"- {b}" for b in best or ["none finished"]),
+        "",
+        f"report: `{report}` (also the artifact `report/` of the [parent run]"
+        f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`",
+        "",
+        "| method | τ_p | τ_a | k | seeds | objective mean | sd | final mean | sd | collapsed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['method']} | {_fmt(r['tau_policy'])} | {_fmt(r['tau_advantage'])} | {r['staleness']} | {r['seeds']} | "
+        f"{_fmt(r['objective_mean'])} | {_fmt(r['objective_sd'])} | {_fmt(r['final_mean'])} | {_fmt(r['final_sd'])} | "
+        f"{r['collapsed']}/{r['seeds']} |"
+        for r in rows
+    ]
     lines += ["", "Trials run by this flow run:", "", "| trial | state | objective | MLflow run |", "|---|---|---|---|"]
     for o in result.outcomes:
         run_id = o.result.mlflow_run_id if o.result else ""
         link = f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else "—"
-        lines.append(f"| {point_label(o.point, params.space.schedule)} | {o.state} | "
-                     f"{_fmt(o.value) if o.state == 'COMPLETE' else o.reason[:200]} | {link} |")
+        lines.append(
+            f"| {point_label(o.point, params.space.schedule)} | {o.state} | "
+            f"{_fmt(o.value) if o.state == 'COMPLETE' else o.reason[:200]} | {link} |"
+        )
     return "\n".join(lines)
 
 
@@ -197,8 +239,12 @@ def copc_report(params: ReportParams) -> dict:
     out = pathlib.Path(params.out) if params.out else data / "reports" / f"{slug}.html"
     path = build_report(tracking_uri(data, params.tracking_uri), params.sweeps, out, params.mlflow_ui, params.baseline)
     get_run_logger().info("report written to %s", path)
-    publish_markdown("copc-report", f"### Report of {', '.join(params.sweeps)}\n\nfile: `{path}` "
-                     "(also an artifact `report/` of each sweep's parent run in MLflow)", "sweep report")
+    publish_markdown(
+        "copc-report",
+        f"### Report of {', '.join(params.sweeps)}\n\nfile: `{path}` "
+        "(also an artifact `report/` of each sweep's parent run in MLflow)",
+        "sweep report",
+    )
     return {"path": str(path)}
 
 
@@ -222,14 +268,19 @@ def copc_analysis(params: AnalysisParams) -> dict:
     with tqdm(total=len(params.spec.points()), desc="exact grid", unit="point", file=sys.stderr) as bar:
         records = grid(params.spec, lambda done, total: bar.update(1))
     records_path = out.with_suffix(".json")
-    for path, text in ((records_path, json.dumps({"spec": spec, "points": records}, indent=1)),
-                       (out, render(records, spec))):
+    for path, text in (
+        (records_path, json.dumps({"spec": spec, "points": records}, indent=1)),
+        (out, render(records, spec)),
+    ):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     get_run_logger().info("analysis written to %s (records: %s)", out, records_path)
-    publish_markdown("copc-analysis", f"### Exact bias/variance analysis\n\nfile: `{out}`, records `{records_path}`",
-                     "bias/variance analysis")
+    publish_markdown(
+        "copc-analysis",
+        f"### Exact bias/variance analysis\n\nfile: `{out}`, records `{records_path}`",
+        "bias/variance analysis",
+    )
     return {"path": str(out), "records": str(records_path)}
 
 
@@ -241,13 +292,27 @@ def deployments(data_dir: Optional[str] = None) -> list:
     `copc-sweep` deployment per other sweep preset (sweeps/presets.py), named after it."""
     from sweeps.presets import PRESETS
 
-    presets = [copc_sweep.to_deployment(name=name, parameters={"params": SweepParams(
-                   name=name, space=space, base=base, data_dir=data_dir).model_dump(mode="json")})
-               for name, (space, base) in PRESETS.items() if name != "embedded-default"]
+    presets = [
+        copc_sweep.to_deployment(
+            name=name,
+            parameters={
+                "params": SweepParams(name=name, space=space, base=base, data_dir=data_dir).model_dump(mode="json")
+            },
+        )
+        for name, (space, base) in PRESETS.items()
+        if name != "embedded-default"
+    ]
     return presets + [
-        copc_train.to_deployment(name=DEPLOYMENT, parameters={"params": TrainParams(data_dir=data_dir).model_dump(mode="json")}),
-        copc_sweep.to_deployment(name=DEPLOYMENT, parameters={"params": SweepParams(data_dir=data_dir).model_dump(mode="json")}),
-        copc_report.to_deployment(name=DEPLOYMENT, parameters={"params": ReportParams(data_dir=data_dir).model_dump(mode="json")}),
-        copc_analysis.to_deployment(name=DEPLOYMENT,
-                                    parameters={"params": AnalysisParams(data_dir=data_dir).model_dump(mode="json")}),
+        copc_train.to_deployment(
+            name=DEPLOYMENT, parameters={"params": TrainParams(data_dir=data_dir).model_dump(mode="json")}
+        ),
+        copc_sweep.to_deployment(
+            name=DEPLOYMENT, parameters={"params": SweepParams(data_dir=data_dir).model_dump(mode="json")}
+        ),
+        copc_report.to_deployment(
+            name=DEPLOYMENT, parameters={"params": ReportParams(data_dir=data_dir).model_dump(mode="json")}
+        ),
+        copc_analysis.to_deployment(
+            name=DEPLOYMENT, parameters={"params": AnalysisParams(data_dir=data_dir).model_dump(mode="json")}
+        ),
     ]

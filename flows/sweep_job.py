@@ -19,9 +19,17 @@ from sweeps.study import HEARTBEAT_S, open_study, pending_points, point_key, run
 log = logging.getLogger("copc.sweep")
 
 
-def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path, storage: str | None = None,
-              tracking: str | None = None, sampler: str = "grid", max_parallel: int | None = None,
-              progress: logging.Logger | logging.LoggerAdapter | None = None) -> SweepResult:
+def run_sweep(
+    space: SweepSpace,
+    name: str,
+    base: RunConfig,
+    data: pathlib.Path,
+    storage: str | None = None,
+    tracking: str | None = None,
+    sampler: str = "grid",
+    max_parallel: int | None = None,
+    progress: logging.Logger | logging.LoggerAdapter | None = None,
+) -> SweepResult:
     """Run every point of `space` not finished yet in study `name`; each trial is logged to MLflow, then
     told to Optuna, as it ends. `progress` (a logger: the Prefect flow's) gets a line per trial."""
     from tqdm import tqdm
@@ -54,9 +62,11 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
     study = sweep.study
     points = pending_points(sweep, space)
     total, elsewhere = len(space.grid()), running_elsewhere(sweep, space)
-    say.info(f"sweep {name!r}: {total} points, {total - len(points) - len(elsewhere)} already finished, "
-             f"{len(points)} to run" + (f", {len(elsewhere)} being run by another sweep process (this one waits for "
-                                        "them)" if elsewhere else ""))
+    say.info(
+        f"sweep {name!r}: {total} points, {total - len(points) - len(elsewhere)} already finished, "
+        f"{len(points)} to run"
+        + (f", {len(elsewhere)} being run by another sweep process (this one waits for them)" if elsewhere else "")
+    )
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
     init_ray(num_cpus=os.cpu_count())
     machine = machine_tags()
@@ -68,8 +78,9 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
         def done(i: int, outcome: TrialResult | BaseException) -> None:  # track in MLflow, then tell Optuna
             p, run_name = batch[i], point_label(batch[i], space.schedule)
             if isinstance(outcome, BaseException):
-                tracker.log_failed_trial(parent, name, run_name, f"{type(outcome).__name__}: {outcome}", configs[i],
-                                         label=p["method"])
+                tracker.log_failed_trial(
+                    parent, name, run_name, f"{type(outcome).__name__}: {outcome}", configs[i], label=p["method"]
+                )
                 say.warning(f"trial {run_name} FAILED: {type(outcome).__name__}: {outcome}")
             else:
                 scored = TrialResult(**{**outcome.__dict__, "objective": space.score(outcome.summary)})
@@ -77,9 +88,12 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
                 outcome = TrialResult(**{**scored.__dict__, "mlflow_run_id": run_id})
                 s = outcome.summary
                 bar.set_postfix(last=f"k={p['staleness']} acc={s.final_accuracy:.2f}")
-                say.info(f"trial {bar.n + 1}/{len(configs)} {run_name}: final {s.final_accuracy:.3f}, peak "
-                         f"{s.peak_accuracy:.3f}" + (f", COLLAPSED at step {s.collapse_step}" if s.collapsed else "")
-                         + f" (objective {outcome.objective:.3f}; MLflow run {run_id})")
+                say.info(
+                    f"trial {bar.n + 1}/{len(configs)} {run_name}: final {s.final_accuracy:.3f}, peak "
+                    f"{s.peak_accuracy:.3f}"
+                    + (f", COLLAPSED at step {s.collapse_step}" if s.collapsed else "")
+                    + f" (objective {outcome.objective:.3f}; MLflow run {run_id})"
+                )
             on_result(i, outcome)
             bar.update(1)
 
@@ -96,8 +110,12 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
         recovered = [p for p in points if hashes[point_key(p)] in logged]
         if recovered:
             say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
-            outcomes += run_study(sweep, recovered, lambda batch, on_result: [  # called here, in this iteration
-                on_result(i, logged[hashes[point_key(p)]]) for i, p in enumerate(batch)])  # noqa: B023
+
+            def tell_logged(batch, on_result, logged=logged, hashes=hashes):
+                for i, p in enumerate(batch):
+                    on_result(i, logged[hashes[point_key(p)]])
+
+            outcomes += run_study(sweep, recovered, tell_logged)
         fresh = [p for p in points if hashes[point_key(p)] not in logged]
         if fresh:
             outcomes += run_study(sweep, fresh, run_points)
@@ -108,12 +126,15 @@ def run_sweep(space: SweepSpace, name: str, base: RunConfig, data: pathlib.Path,
         if not points:
             break
     mine = {point_key(p) for p in space.grid()}
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"
-                and point_key(trial_point(t)) in mine]
+    complete = [
+        t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and point_key(trial_point(t)) in mine
+    ]
     best = max(complete, key=lambda t: t.value) if complete else None
-    tracker.finish_parent(parent, {"sweep/trials_complete": len(complete),
-                                   "sweep/best_value": best.value if best else float("nan")},
-                          table=sweep_rows(study, space))
+    tracker.finish_parent(
+        parent,
+        {"sweep/trials_complete": len(complete), "sweep/best_value": best.value if best else float("nan")},
+        table=sweep_rows(study, space),
+    )
     return SweepResult(study, outcomes, best, parent, storage, tracker.uri)
 
 
@@ -129,15 +150,27 @@ def sweep_rows(study, space: SweepSpace) -> list[dict[str, Any]]:
     for m in space.methods:
         for tp, ta in m.bands():
             for k in m.lags(space.staleness):
-                trials = cells.get(point_key({"method": m.key, "tau_policy": tp, "tau_advantage": ta,
-                                              "staleness": k, "seed": 0})[:4], [])
+                trials = cells.get(
+                    point_key({"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": 0})[:4],
+                    [],
+                )
                 trials = [t for t in trials if t.params.get("seed") in space.seeds]
                 values = [t.value for t in trials]
                 finals = [t.user_attrs.get("final_accuracy", float("nan")) for t in trials]
-                rows.append({"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k,
-                             "seeds": len(trials), "objective_mean": _mean(values), "objective_sd": _sd(values),
-                             "final_mean": _mean(finals), "final_sd": _sd(finals),
-                             "collapsed": sum(bool(t.user_attrs.get("collapsed")) for t in trials)})
+                rows.append(
+                    {
+                        "method": m.key,
+                        "tau_policy": tp,
+                        "tau_advantage": ta,
+                        "staleness": k,
+                        "seeds": len(trials),
+                        "objective_mean": _mean(values),
+                        "objective_sd": _sd(values),
+                        "final_mean": _mean(finals),
+                        "final_sd": _sd(finals),
+                        "collapsed": sum(bool(t.user_attrs.get("collapsed")) for t in trials),
+                    }
+                )
     return rows
 
 
@@ -151,11 +184,19 @@ def best_per_level(rows: list[dict[str, Any]], schedule: str = "lag") -> list[st
             continue
         top = max(r["objective_mean"] for r in at)
         tied = [r for r in at if abs(r["objective_mean"] - top) < 1e-9]
-        names = [" ".join([r["method"]] + [f"{n}={r[b]:g}" for n, b in (("tp", "tau_policy"), ("ta", "tau_advantage"))
-                                           if r[b] is not None]) for r in tied]
+        names = [
+            " ".join(
+                [r["method"]]
+                + [f"{n}={r[b]:g}" for n, b in (("tp", "tau_policy"), ("ta", "tau_advantage")) if r[b] is not None]
+            )
+            for r in tied
+        ]
         collapsed = all(r["collapsed"] == r["seeds"] for r in at)
-        out.append(f"{level}={k}: {top:.3f} " + (names[0] if len(names) == 1 else f"({len(names)} cells tie: "
-                                                  f"{', '.join(names)})") + (" — every run collapsed" if collapsed else ""))
+        out.append(
+            f"{level}={k}: {top:.3f} "
+            + (names[0] if len(names) == 1 else f"({len(names)} cells tie: {', '.join(names)})")
+            + (" — every run collapsed" if collapsed else "")
+        )
     return out
 
 
@@ -178,8 +219,10 @@ def grid_table(study, space: SweepSpace) -> str:
     level, collapses counted; the best cell of each level marked * (ties all marked)."""
     rows = sweep_rows(study, space)
     level = "k" if space.schedule == "lag" else "η"
-    lines = [f"objective = {space.objective} accuracy − {space.collapse_penalty} if collapsed; mean ± sd over seeds "
-             f"{space.seeds}; * best at its {level} (ties all marked); (c/n): collapsed runs of n"]
+    lines = [
+        f"objective = {space.objective} accuracy − {space.collapse_penalty} if collapsed; mean ± sd over seeds "
+        f"{space.seeds}; * best at its {level} (ties all marked); (c/n): collapsed runs of n"
+    ]
     for k in space.staleness:
         at = [r for r in rows if r["staleness"] == k and r["seeds"]]
         best = max((r["objective_mean"] for r in at), default=None)
@@ -187,8 +230,9 @@ def grid_table(study, space: SweepSpace) -> str:
         def mark(r: dict, best: float | None = best) -> str:
             return "*" if best is not None and r["seeds"] and abs(r["objective_mean"] - best) < 1e-9 else " "
 
-        lines.append(f"{level} = {k}" + ("   (all collapsed)" if at and all(r["collapsed"] == r["seeds"] for r in at)
-                                         else ""))
+        lines.append(
+            f"{level} = {k}" + ("   (all collapsed)" if at and all(r["collapsed"] == r["seeds"] for r in at) else "")
+        )
         for m in space.methods:
             mine = [r for r in rows if r["method"] == m.key and r["staleness"] == k]
             if not mine:
@@ -197,15 +241,20 @@ def grid_table(study, space: SweepSpace) -> str:
             tps = list(dict.fromkeys(r["tau_policy"] for r in mine))
             if tas == [None] and tps == [None]:
                 r = mine[0]
-                lines.append(f"  {m.key:<28s} {_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} "
-                             f"({r['collapsed']}/{r['seeds']})")
+                lines.append(
+                    f"  {m.key:<28s} {_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} "
+                    f"({r['collapsed']}/{r['seeds']})"
+                )
                 continue
             lines.append(f"  {m.key:<28s} τ_a → " + "".join(f"{'—' if ta is None else f'{ta:g}':>17s}" for ta in tas))
             for tp in tps:
                 cells = []
                 for ta in tas:
                     r = next(r for r in mine if r["tau_policy"] == tp and r["tau_advantage"] == ta)
-                    cells.append(f"{_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} ({r['collapsed']}/"
-                                 f"{r['seeds']})")
-                lines.append(f"    τ_p = {'—' if tp is None else f'{tp:g}':<8s}" + " " * 18 + "".join(f"{c:>17s}" for c in cells))
+                    cells.append(
+                        f"{_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} ({r['collapsed']}/{r['seeds']})"
+                    )
+                lines.append(
+                    f"    τ_p = {'—' if tp is None else f'{tp:g}':<8s}" + " " * 18 + "".join(f"{c:>17s}" for c in cells)
+                )
     return "\n".join(lines)

@@ -89,7 +89,9 @@ def _read_verified(path: pathlib.Path) -> dict:
     try:
         return torch.load(path, weights_only=True)
     except Exception as err:  # any failure to read is reported with its cause, never swallowed
-        raise ValueError(f"does not load: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        raise ValueError(
+            f"does not load: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
 
 
 def load_checkpoint(path: pathlib.Path) -> dict:
@@ -103,15 +105,23 @@ def load_checkpoint(path: pathlib.Path) -> dict:
             problems.append(f"{candidate}: {why}")
             continue
         if candidate != path:
-            warnings.warn(f"checkpoint {path} is unusable ({problems[0].split(': ', 1)[1]}); resuming from the "
-                          f"previous one, {candidate}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"checkpoint {path} is unusable ({problems[0].split(': ', 1)[1]}); resuming from the "
+                f"previous one, {candidate}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return state
-    raise CheckpointError("no usable checkpoint:\n  " + "\n  ".join(problems)
-                          + "\n(delete the run folder, or pass --no-resume, to start the run afresh)")
+    raise CheckpointError(
+        "no usable checkpoint:\n  "
+        + "\n  ".join(problems)
+        + "\n(delete the run folder, or pass --no-resume, to start the run afresh)"
+    )
 
 
-def cached_warm_start(config: RunConfig, cache_dir: pathlib.Path,
-                      progress: Callable[[int, int, float], None] | None = None) -> dict[str, torch.Tensor]:
+def cached_warm_start(
+    config: RunConfig, cache_dir: pathlib.Path, progress: Callable[[int, int, float], None] | None = None
+) -> dict[str, torch.Tensor]:
     """Warm-start weights for `config`, computed once per (model, task, warm_start) hash.
 
     Computed on one torch thread, whatever the calling process uses: the cache is shared by every
@@ -124,8 +134,9 @@ def cached_warm_start(config: RunConfig, cache_dir: pathlib.Path,
         try:
             return _read_verified(path)
         except ValueError as why:
-            warnings.warn(f"warm-start cache {path} is unusable ({why}); computing it again", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"warm-start cache {path} is unusable ({why}); computing it again", RuntimeWarning, stacklevel=2
+            )
     caller_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

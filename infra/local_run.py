@@ -112,12 +112,19 @@ def train_on_ray(
     return summary
 
 
-def train_and_track(config: RunConfig, data: pathlib.Path, runtime: str = "inprocess", run_dir: pathlib.Path | None = None,
-                    tracking: str | None = None, address: str | None = None, resume: bool = True,
-                    tags: dict[str, str] | None = None, on_step: Callable | None = None,
-                    on_warm_start: Callable[[int, int, float], None] | None = None,
-                    on_critic_warmup: Callable[[int, int, dict[str, float]], None] | None = None,
-                    ) -> tuple[RunSummary, pathlib.Path, str]:
+def train_and_track(
+    config: RunConfig,
+    data: pathlib.Path,
+    runtime: str = "inprocess",
+    run_dir: pathlib.Path | None = None,
+    tracking: str | None = None,
+    address: str | None = None,
+    resume: bool = True,
+    tags: dict[str, str] | None = None,
+    on_step: Callable | None = None,
+    on_warm_start: Callable[[int, int, float], None] | None = None,
+    on_critic_warmup: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> tuple[RunSummary, pathlib.Path, str]:
     """One training run as `copc train` and the `copc-train` flow start it: the run folder (default
     `<data>/runs/<config hash>`), the runner (in process, or the Ray runtime when `runtime` is ray or an
     `address` is given), then one MLflow run (kind `train`) with the config, every step's metrics and
@@ -131,11 +138,19 @@ def train_and_track(config: RunConfig, data: pathlib.Path, runtime: str = "inpro
     run_dir = pathlib.Path(run_dir) if run_dir else data / "runs" / config.config_hash()
     ray = runtime == "ray" or address is not None
     if ray:
-        summary = train_on_ray(config, run_dir, data / "cache", address, resume=resume, on_step=on_step,
-                               on_warm_start=on_warm_start)
+        summary = train_on_ray(
+            config, run_dir, data / "cache", address, resume=resume, on_step=on_step, on_warm_start=on_warm_start
+        )
     else:
-        summary = train_in_process(config, run_dir, data / "cache", resume=resume, on_step=on_step,
-                                   on_warm_start=on_warm_start, on_critic_warmup=on_critic_warmup)
+        summary = train_in_process(
+            config,
+            run_dir,
+            data / "cache",
+            resume=resume,
+            on_step=on_step,
+            on_warm_start=on_warm_start,
+            on_critic_warmup=on_critic_warmup,
+        )
     tracker = Tracker(uri, artifact_dir=data / "mlartifacts")
     logged = tracker.logged_train_run(config.config_hash(), str(run_dir))
     if logged:  # a rerun of a finished run: its MLflow run exists already
@@ -145,6 +160,11 @@ def train_and_track(config: RunConfig, data: pathlib.Path, runtime: str = "inpro
     lag = f"eta={t.eta}" if t.eta is not None else f"k={t.staleness}"
     result = TrialResult(summary, records["steps"], records["evals"], "ray" if ray else "inprocess")
     run_id = tracker.log_trial(
-        None, None, f"train {config.method.name} {lag} s={t.seed}", config, result,
-        tags={**machine_tags(), "run_dir": str(run_dir), **(tags or {})})
+        None,
+        None,
+        f"train {config.method.name} {lag} s={t.seed}",
+        config,
+        result,
+        tags={**machine_tags(), "run_dir": str(run_dir), **(tags or {})},
+    )
     return summary, run_dir, run_id

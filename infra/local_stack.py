@@ -39,12 +39,22 @@ def require_servers(tracking_uri: str | None = None, prefect: bool = True, timeo
     (`<api>/health`). Local stores (SQLite, files) and Prefect's temporary server need no check."""
     checks = []
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
-        checks.append((tracking_uri.rstrip("/") + "/health", "MLflow tracking server",
-                       "start it (`copc up`) or point --tracking-uri / MLFLOW_TRACKING_URI elsewhere"))
+        checks.append(
+            (
+                tracking_uri.rstrip("/") + "/health",
+                "MLflow tracking server",
+                "start it (`copc up`) or point --tracking-uri / MLFLOW_TRACKING_URI elsewhere",
+            )
+        )
     api = os.environ.get("PREFECT_API_URL") if prefect else None
     if api:
-        checks.append((api.rstrip("/") + "/health", "Prefect API (PREFECT_API_URL)",
-                       "start it (`copc up`) or unset PREFECT_API_URL to use a temporary local server"))
+        checks.append(
+            (
+                api.rstrip("/") + "/health",
+                "Prefect API (PREFECT_API_URL)",
+                "start it (`copc up`) or unset PREFECT_API_URL to use a temporary local server",
+            )
+        )
     for url, what, hint in checks:
         try:
             wait_healthy(url, timeout_s, what)
@@ -83,9 +93,17 @@ class LocalStack:
     process, however it ends.
     """
 
-    def __init__(self, data: pathlib.Path, host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000,
-                 prefect_auth: str | None = None, mlflow_allowed_hosts: str | None = None,
-                 mlflow_cors_origins: str | None = None, mlflow_basic_auth: bool = False):
+    def __init__(
+        self,
+        data: pathlib.Path,
+        host: str = "127.0.0.1",
+        prefect_port: int = 4200,
+        mlflow_port: int = 5000,
+        prefect_auth: str | None = None,
+        mlflow_allowed_hosts: str | None = None,
+        mlflow_cors_origins: str | None = None,
+        mlflow_basic_auth: bool = False,
+    ):
         self.data = pathlib.Path(data)
         self.host, self.prefect_port, self.mlflow_port = host, prefect_port, mlflow_port
         self.prefect_url = f"http://{host}:{prefect_port}"
@@ -96,18 +114,33 @@ class LocalStack:
         self.procs: list[subprocess.Popen] = []
 
     def prefect_env(self) -> dict[str, str]:
-        env = dict(os.environ, PREFECT_HOME=str(self.data / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                   PREFECT_SERVER_CSRF_PROTECTION_ENABLED="true",
-                   PREFECT_SERVER_CORS_ALLOWED_ORIGINS=self.prefect_url,
-                   PREFECT_UI_API_URL=f"{self.prefect_url}/api")
+        env = dict(
+            os.environ,
+            PREFECT_HOME=str(self.data / "prefect"),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_SERVER_CSRF_PROTECTION_ENABLED="true",
+            PREFECT_SERVER_CORS_ALLOWED_ORIGINS=self.prefect_url,
+            PREFECT_UI_API_URL=f"{self.prefect_url}/api",
+        )
         if self.prefect_auth:
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.prefect_auth
         return env
 
     def mlflow_command(self) -> list[str]:
-        cmd = [_bin("mlflow"), "server", "--host", self.host, "--port", str(self.mlflow_port),
-               "--backend-store-uri", f"sqlite:///{self.data / 'mlflow.db'}",
-               "--default-artifact-root", str(self.data / "mlartifacts"), "--workers", "1"]
+        cmd = [
+            _bin("mlflow"),
+            "server",
+            "--host",
+            self.host,
+            "--port",
+            str(self.mlflow_port),
+            "--backend-store-uri",
+            f"sqlite:///{self.data / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(self.data / "mlartifacts"),
+            "--workers",
+            "1",
+        ]
         if self.mlflow_allowed_hosts:
             cmd += ["--allowed-hosts", self.mlflow_allowed_hosts]
         if self.mlflow_cors_origins:
@@ -120,13 +153,20 @@ class LocalStack:
         logs = self.data / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            prefect = subprocess.Popen([_bin("prefect"), "server", "start", "--host", self.host, "--port",
-                                        str(self.prefect_port)], env=self.prefect_env(),
-                                       stdout=open(logs / "prefect.log", "ab"), stderr=subprocess.STDOUT,
-                                       preexec_fn=_die_with_parent)
+            prefect = subprocess.Popen(
+                [_bin("prefect"), "server", "start", "--host", self.host, "--port", str(self.prefect_port)],
+                env=self.prefect_env(),
+                stdout=open(logs / "prefect.log", "ab"),
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
             self.procs.append(prefect)
-            mlflow = subprocess.Popen(self.mlflow_command(), stdout=open(logs / "mlflow.log", "ab"),
-                                      stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            mlflow = subprocess.Popen(
+                self.mlflow_command(),
+                stdout=open(logs / "mlflow.log", "ab"),
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
             self.procs.append(mlflow)
             wait_healthy(f"{self.prefect_url}/api/health", 180, "Prefect server", prefect)
             wait_healthy(f"{self.mlflow_url}/health", 180, "MLflow server", mlflow)
@@ -176,15 +216,20 @@ def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.
     env = stack.prefect_env() | {"PREFECT_HOME": str(pathlib.Path(data) / "prefect-temporary")}
     logs = pathlib.Path(data) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=open(logs / "prefect-temporary.log", "ab"), stderr=subprocess.STDOUT,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=open(logs / "prefect-temporary.log", "ab"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+    )
     stack.procs.append(proc)
     api = f"{stack.prefect_url}/api"
     previous = os.environ.get("PREFECT_API_URL")
     try:
-        print(f"temporary Prefect server at {stack.prefect_url} (log: {logs / 'prefect-temporary.log'})",
-              file=sys.stderr)
+        print(
+            f"temporary Prefect server at {stack.prefect_url} (log: {logs / 'prefect-temporary.log'})", file=sys.stderr
+        )
         wait_healthy(f"{api}/health", startup_timeout_s, "temporary Prefect server", proc)
         os.environ["PREFECT_API_URL"] = api
         yield api

@@ -72,8 +72,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 # address="local": always a fresh local instance, never a cluster `ray start` left on this machine
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                         _node_ip_address="127.0.0.1")
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    _node_ip_address="127.0.0.1",
+                )
                 break
             except Exception as err:  # Ray gives its raylet a fixed 30 s to register; a loaded machine can miss it
                 if "timed out during startup" not in str(err) or attempt == START_ATTEMPTS:
@@ -157,8 +162,10 @@ class LearnerActor:
             return {"skipped": f"called for version {version}, the learner is at {self.learner.version}"}, {}, None
         batch = parts[0][0] if len(parts) == 1 else TrajectoryBatch.concat([b for b, _ in parts])
         lags = (self.learner.version - batch.version)[batch.mask > 0]
-        accounting = {"episodes": batch.size,
-                      "lags": {int(lag): int(n) for lag, n in zip(*torch.unique(lags, return_counts=True))}}
+        accounting = {
+            "episodes": batch.size,
+            "lags": {int(lag): int(n) for lag, n in zip(*torch.unique(lags, return_counts=True))},
+        }
         try:
             metrics = self.learner.step(batch)
         except NonFiniteError as err:
@@ -205,7 +212,8 @@ class RayTrainer:
         self.threads = config.train.torch_threads
         self.config_json = config.model_dump_json()
         self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
-            self.config_json, warm_state, self.threads)
+            self.config_json, warm_state, self.threads
+        )
         self.workers = [self._new_worker() for _ in range(resources.rollout_workers)]
         self.versions: dict[int, ray.ObjectRef] = {0: ray.put(pack(warm_state))}  # version → PackedWeights
         self.step = 0
@@ -223,13 +231,16 @@ class RayTrainer:
     def _new_worker(self):
         r = self.resources
         return RolloutWorker.options(num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus).remote(
-            self.config_json, self.threads)
+            self.config_json, self.threads
+        )
 
     def _get(self, ref, what: str):
         try:
             return ray.get(ref, timeout=self.resources.timeout_s)
         except GetTimeoutError:
-            raise RuntimeTimeoutError(f"no answer within {self.resources.timeout_s:.0f} s while waiting for {what}") from None
+            raise RuntimeTimeoutError(
+                f"no answer within {self.resources.timeout_s:.0f} s while waiting for {what}"
+            ) from None
 
     def _submit(self, worker_index: int, version: int, key: int, n: int) -> dict:
         self.counters.requests_submitted += 1
@@ -245,8 +256,9 @@ class RayTrainer:
             self.counters.workers_replaced += 1
         self.counters.requests_reissued += 1
         request["actor"] = self.workers[w]
-        request["ref"] = request["actor"].sample.remote(self.versions[request["version"]], request["version"],
-                                                        request["key"], request["n"])
+        request["ref"] = request["actor"].sample.remote(
+            self.versions[request["version"]], request["version"], request["key"], request["n"]
+        )
 
     def _worker_died(self, request: dict, what: str) -> bool:
         try:
@@ -320,8 +332,11 @@ class RayTrainer:
         self.step += 1
         self.versions[self.step] = weights_ref
         step_s = time.perf_counter() - wall_start
-        metrics |= {"step": float(self.step), "time/step_s": step_s,
-                    "time/idle_frac": max(0.0, 1.0 - metrics["time/train_s"] / step_s)}
+        metrics |= {
+            "step": float(self.step),
+            "time/step_s": step_s,
+            "time/idle_frac": max(0.0, 1.0 - metrics["time/train_s"] / step_s),
+        }
         self.history.append(metrics)
         keep_from = self.step - max(self.config.train.staleness, self._eta)
         for v in [v for v in self.versions if v < keep_from]:
@@ -346,8 +361,9 @@ class RayTrainer:
 
     # ---- controlled lag k ----
 
-    def run(self, on_step: Callable[[RayTrainer, dict], None] | None = None, barrier_every: int | None = None
-            ) -> RunSummary:
+    def run(
+        self, on_step: Callable[[RayTrainer, dict], None] | None = None, barrier_every: int | None = None
+    ) -> RunSummary:
         """Controlled lag k; `on_step(trainer, metrics)` after every step.
 
         For k ≥ 1 learner step v + 1 is queued before step v's result is back, except when v + 1 is a
@@ -363,8 +379,9 @@ class RayTrainer:
             v = self.step
             wall_start = time.perf_counter()
             if v not in self._inflight:
-                self._submit_learner(v, [samples.pop(v, None)
-                                         or self._submit(0, behavior_version(self.config, v), v, t.batch_size)])
+                self._submit_learner(
+                    v, [samples.pop(v, None) or self._submit(0, behavior_version(self.config, v), v, t.batch_size)]
+                )
             if self.fault_hook is not None:
                 self.fault_hook(self)
             ahead = behavior_version(self.config, v + 1)
@@ -382,8 +399,9 @@ class RayTrainer:
 
     # ---- bounded staleness η ----
 
-    def run_bounded(self, eta: int, chunk_size: int, on_step: Callable[[RayTrainer, dict], None] | None = None
-                    ) -> RunSummary:
+    def run_bounded(
+        self, eta: int, chunk_size: int, on_step: Callable[[RayTrainer, dict], None] | None = None
+    ) -> RunSummary:
         """Free-running sampling with AReaL's admission control; batches consumed in start order."""
         t = self.config.train
         if t.batch_size % chunk_size:
@@ -439,14 +457,21 @@ class RayTrainer:
 
     def state_dict(self) -> dict:
         if self._inflight:
-            raise RuntimeError(f"learner step(s) {sorted(self._inflight)} in flight: the state is only consistent at "
-                               "a barrier step (run(barrier_every=...)) or after the run")
-        return {"config": self.config.model_dump(mode="json"), "step": self.step,
-                "learner": self._get(self.learner.state_dict.remote(), "learner state"),
-                "versions": {v: unpack(ray.get(ref)) for v, ref in self.versions.items()},
-                "history": list(self.history), "evals": list(self.evals),
-                "counters": self.counters.__dict__.copy(), "non_finite_step": self.non_finite_step,
-                "warmup": list(self.warmup)}
+            raise RuntimeError(
+                f"learner step(s) {sorted(self._inflight)} in flight: the state is only consistent at "
+                "a barrier step (run(barrier_every=...)) or after the run"
+            )
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "step": self.step,
+            "learner": self._get(self.learner.state_dict.remote(), "learner state"),
+            "versions": {v: unpack(ray.get(ref)) for v, ref in self.versions.items()},
+            "history": list(self.history),
+            "evals": list(self.evals),
+            "counters": self.counters.__dict__.copy(),
+            "non_finite_step": self.non_finite_step,
+            "warmup": list(self.warmup),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["config"] != self.config.model_dump(mode="json"):

@@ -41,13 +41,20 @@ def confined_store_uri(uri: str, what: str) -> str:
     (http(s), PostgreSQL, MySQL) is the caller's to name."""
     for prefix in ("sqlite:///", "file://"):
         if uri.startswith(prefix):
-            inside_data_folder(uri[len(prefix):], what)
+            inside_data_folder(uri[len(prefix) :], what)
             return uri
     if "://" not in uri:  # a bare path is a file store
         inside_data_folder(uri, what)
         return uri
-    if uri.split("://", 1)[0].lower() not in ("http", "https", "postgresql", "postgresql+psycopg2", "mysql",
-                                               "mysql+pymysql", "databricks"):
+    if uri.split("://", 1)[0].lower() not in (
+        "http",
+        "https",
+        "postgresql",
+        "postgresql+psycopg2",
+        "mysql",
+        "mysql+pymysql",
+        "databricks",
+    ):
         raise OutsideDataFolderError(f"{what}: unsupported scheme in {uri!r}")
     return uri
 

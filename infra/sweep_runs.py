@@ -23,8 +23,7 @@ def _train_trial(config_json: str, cache_dir: str) -> dict:
     torch.set_num_threads(config.train.torch_threads)
     trainer = Trainer(config, cached_warm_start(config, pathlib.Path(cache_dir)))
     summary = trainer.run()
-    return {"summary": summary.model_dump(), "history": trainer.history, "evals": trainer.evals,
-            "runtime": IN_TASK}
+    return {"summary": summary.model_dump(), "history": trainer.history, "evals": trainer.evals, "runtime": IN_TASK}
 
 
 IN_TASK = "inprocess (one Ray task per trial)"
@@ -44,8 +43,9 @@ def _train_bounded(config: RunConfig, cache_dir: pathlib.Path) -> dict:
     return {"summary": summary.model_dump(), "history": trainer.history, "evals": trainer.evals, "runtime": BOUNDED}
 
 
-def run_trials(configs: list[RunConfig], cache_dir: pathlib.Path, on_done=None,
-               max_parallel: int | None = None) -> list[TrialResult | BaseException]:
+def run_trials(
+    configs: list[RunConfig], cache_dir: pathlib.Path, on_done=None, max_parallel: int | None = None
+) -> list[TrialResult | BaseException]:
     """Train every config; a failed trial yields its exception in place of a result.
 
     Controlled-lag trials go out as Ray tasks, at most `max_parallel` at a time (default: as many as Ray

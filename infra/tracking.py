@@ -59,7 +59,9 @@ class Tracker:
         # process's environment, and every later subprocess (a second command, a test) would inherit it
         self.client = MlflowClient(uri)
         found = self.client.get_experiment_by_name(experiment)
-        location = pathlib.Path(artifact_dir).resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
+        location = (
+            pathlib.Path(artifact_dir).resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
+        )
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment, location)
         if not found or EXPERIMENT_KIND[0] not in found.tags:
             # MLflow 3 opens an experiment without this tag in GenAI mode (a Traces page, no runs table)
@@ -67,16 +69,29 @@ class Tracker:
 
     def parent_run(self, sweep_name: str, params: dict[str, Any]) -> str:
         """The sweep's parent run id (reused when the sweep is resumed)."""
-        runs = self.client.search_runs([self.experiment_id], f"tags.copc_sweep = '{sweep_name}' and tags.copc_kind = 'sweep'")
+        runs = self.client.search_runs(
+            [self.experiment_id], f"tags.copc_sweep = '{sweep_name}' and tags.copc_kind = 'sweep'"
+        )
         if runs:
             return runs[0].info.run_id
-        run = self.client.create_run(self.experiment_id, run_name=sweep_name,
-                                     tags={"copc_sweep": sweep_name, "copc_kind": "sweep"})
-        self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v[:6000]) for k, v in flatten(params).items()])
+        run = self.client.create_run(
+            self.experiment_id, run_name=sweep_name, tags={"copc_sweep": sweep_name, "copc_kind": "sweep"}
+        )
+        self.client.log_batch(
+            run.info.run_id, params=[Param(sanitize_key(k), v[:6000]) for k, v in flatten(params).items()]
+        )
         return run.info.run_id
 
-    def log_trial(self, parent_id: str | None, sweep_name: str | None, run_name: str, config: RunConfig,
-                  result: TrialResult, label: str | None = None, tags: dict[str, str] | None = None) -> str:
+    def log_trial(
+        self,
+        parent_id: str | None,
+        sweep_name: str | None,
+        run_name: str,
+        config: RunConfig,
+        result: TrialResult,
+        label: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str:
         """One run with everything the reports read; returns its run id. A trial of a sweep is a child
         of the sweep's parent run; a single `copc train` run (`parent_id` None) is a run of its own.
 
@@ -87,25 +102,47 @@ class Tracker:
         """
         summary = result.summary
         warnings = {"ess_drop_steps": summary.ess_drop_steps, "grad_norm_spike_steps": summary.grad_norm_spike_steps}
-        kind = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial"} if parent_id else \
-            {"copc_kind": "train"}
+        kind = (
+            {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial"}
+            if parent_id
+            else {"copc_kind": "train"}
+        )
         tp, ta = config.method.resolved_taus()  # the bands in effect (a method's default when not given)
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
-            **kind, "config_hash": config.config_hash(), "method": label or config.method.name,
-            "tau_policy": str(tp), "tau_advantage": str(ta),
-            "runtime": result.runtime, "collapse_reason": str(summary.collapse_reason), **(tags or {}),
-            **{k: json.dumps(v)[:5000] for k, v in warnings.items()}})
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={
+                **kind,
+                "config_hash": config.config_hash(),
+                "method": label or config.method.name,
+                "tau_policy": str(tp),
+                "tau_advantage": str(ta),
+                "runtime": result.runtime,
+                "collapse_reason": str(summary.collapse_reason),
+                **(tags or {}),
+                **{k: json.dumps(v)[:5000] for k, v in warnings.items()},
+            },
+        )
         run_id = run.info.run_id
         params = [Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()]
         self.client.log_batch(run_id, params=params)
         self.client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
         now = int(time.time() * 1000)
-        metrics = [Metric(sanitize_key(k), float(v), now, int(rec["step"]))
-                   for rec in result.history + result.evals for k, v in rec.items() if k != "step"]
-        metrics += [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.model_dump().items()
-                    if isinstance(v, (int, float, bool)) and v is not None]
-        metrics += [Metric("summary/ess_drop_count", float(len(warnings["ess_drop_steps"])), now, 0),
-                    Metric("summary/grad_spike_count", float(len(warnings["grad_norm_spike_steps"])), now, 0)]
+        metrics = [
+            Metric(sanitize_key(k), float(v), now, int(rec["step"]))
+            for rec in result.history + result.evals
+            for k, v in rec.items()
+            if k != "step"
+        ]
+        metrics += [
+            Metric(f"summary/{k}", float(v), now, 0)
+            for k, v in summary.model_dump().items()
+            if isinstance(v, (int, float, bool)) and v is not None
+        ]
+        metrics += [
+            Metric("summary/ess_drop_count", float(len(warnings["ess_drop_steps"])), now, 0),
+            Metric("summary/grad_spike_count", float(len(warnings["grad_norm_spike_steps"])), now, 0),
+        ]
         if result.objective is not None:
             metrics.append(Metric("summary/objective", float(result.objective), now, 0))
         for i in range(0, len(metrics), _BATCH):
@@ -116,46 +153,78 @@ class Tracker:
     def logged_train_run(self, config_hash: str, run_dir: str) -> str | None:
         """The id of a finished `train` run of this config in this run folder, if one was logged."""
         folder = run_dir.replace("\\", "\\\\").replace("'", "\\'")
-        runs = self.client.search_runs([self.experiment_id], f"tags.copc_kind = 'train' and tags.config_hash = "
-                                       f"'{config_hash}' and tags.run_dir = '{folder}' and attributes.status = 'FINISHED'")
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.copc_kind = 'train' and tags.config_hash = "
+            f"'{config_hash}' and tags.run_dir = '{folder}' and attributes.status = 'FINISHED'",
+        )
         return runs[0].info.run_id if runs else None
 
     def logged_trials(self, parent_id: str) -> dict[str, TrialResult]:
         """The finished, scored child runs of a sweep's parent, by config hash (summary as logged; no curves)."""
         from copc_core.results import TrialResult
 
-        runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and "
-                                       "attributes.status = 'FINISHED'", max_results=50_000)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'FINISHED'",
+            max_results=50_000,
+        )
         out = {}
         for r in runs:
             metrics, tags = r.data.metrics, r.data.tags
             if "summary/objective" not in metrics or "config_hash" not in tags or tags["config_hash"] in out:
                 continue
-            out[tags["config_hash"]] = TrialResult(logged_summary(metrics, tags), runtime=tags.get("runtime", "?"),
-                                                   objective=metrics["summary/objective"],
-                                                   mlflow_run_id=r.info.run_id, recovered=True)
+            out[tags["config_hash"]] = TrialResult(
+                logged_summary(metrics, tags),
+                runtime=tags.get("runtime", "?"),
+                objective=metrics["summary/objective"],
+                mlflow_run_id=r.info.run_id,
+                recovered=True,
+            )
         return out
 
-    def log_failed_trial(self, parent_id: str, sweep_name: str, run_name: str, reason: str,
-                         config: RunConfig | None = None, label: str | None = None) -> str:
+    def log_failed_trial(
+        self,
+        parent_id: str,
+        sweep_name: str,
+        run_name: str,
+        reason: str,
+        config: RunConfig | None = None,
+        label: str | None = None,
+    ) -> str:
         """A trial that raised: its config as params (so reports place it in the grid) and the reason."""
-        tags = {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial", "fail_reason": reason[:5000]}
+        tags = {
+            "mlflow.parentRunId": parent_id,
+            "copc_sweep": sweep_name,
+            "copc_kind": "trial",
+            "fail_reason": reason[:5000],
+        }
         if config is not None:
             tp, ta = config.method.resolved_taus()
-            tags |= {"config_hash": config.config_hash(), "method": label or config.method.name,
-                     "tau_policy": str(tp), "tau_advantage": str(ta)}
+            tags |= {
+                "config_hash": config.config_hash(),
+                "method": label or config.method.name,
+                "tau_policy": str(tp),
+                "tau_advantage": str(ta),
+            }
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         if config is not None:
-            self.client.log_batch(run.info.run_id, params=[Param(sanitize_key(k), v) for k, v in
-                                                           flatten(config.model_dump(mode="json")).items()])
+            self.client.log_batch(
+                run.info.run_id,
+                params=[Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()],
+            )
         self.client.set_terminated(run.info.run_id, "FAILED")
         return run.info.run_id
 
-    def finish_parent(self, parent_id: str, metrics: dict[str, float], table: list[dict[str, Any]] | None = None) -> None:
+    def finish_parent(
+        self, parent_id: str, metrics: dict[str, float], table: list[dict[str, Any]] | None = None
+    ) -> None:
         """Close a sweep's parent run: its metrics, and the per-cell summary `table` as the run's
         description (a Markdown table, shown on the run's page) and as `sweep_summary.json`."""
         now = int(time.time() * 1000)
-        self.client.log_batch(parent_id, metrics=[Metric(sanitize_key(k), float(v), now, 0) for k, v in metrics.items()])
+        self.client.log_batch(
+            parent_id, metrics=[Metric(sanitize_key(k), float(v), now, 0) for k, v in metrics.items()]
+        )
         if table:
             self.client.set_tag(parent_id, "mlflow.note.content", markdown_table(table)[:60_000])
             self.client.log_dict(parent_id, {"cells": table}, "sweep_summary.json")
@@ -182,14 +251,17 @@ def logged_summary(metrics: dict[str, float], tags: dict[str, str]) -> RunSummar
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """Rows of a sweep's summary as a Markdown table (numbers to 3 decimals, None as —)."""
+
     def cell(v: Any) -> str:
         if v is None or (isinstance(v, float) and v != v):
             return "—"
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
     head = list(rows[0])
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                     + ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        + ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows]
+    )
 
 
 def machine_tags() -> dict[str, str]:
@@ -208,8 +280,13 @@ def machine_tags() -> dict[str, str]:
             versions[f"machine.{lib}"] = metadata.version(lib)
         except metadata.PackageNotFoundError:
             versions[f"machine.{lib}"] = "absent"
-    return {"machine.cpu": cpu, "machine.cores": str(os.cpu_count()), "machine.os": platform.platform(),
-            "machine.python": platform.python_version(), **versions}
+    return {
+        "machine.cpu": cpu,
+        "machine.cores": str(os.cpu_count()),
+        "machine.os": platform.platform(),
+        "machine.python": platform.python_version(),
+        **versions,
+    }
 
 
 def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment: str = "copc") -> dict[str, Any]:
@@ -219,7 +296,7 @@ def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment
     run_name, status, sweep, params, tags, metrics, history: {key: [(step, value), ...]}}]}.
     Reads only; raises LookupError naming what is missing (no experiment, no such sweep).
     """
-    if uri.startswith("sqlite:///") and not pathlib.Path(uri[len("sqlite:///"):]).exists():
+    if uri.startswith("sqlite:///") and not pathlib.Path(uri[len("sqlite:///") :]).exists():
         raise LookupError(f"no MLflow store at {uri}: run a sweep first")  # and opening it would create one
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
@@ -232,10 +309,14 @@ def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment
         runs = client.search_runs([exp], f"tags.copc_sweep = '{quoted}'", max_results=50_000)
         sweep_parents = [r for r in runs if r.data.tags.get("copc_kind") == "sweep"]
         if not sweep_parents:
-            known = sorted({r.data.tags.get("copc_sweep") for r in client.search_runs([exp], "tags.copc_kind = 'sweep'")})
+            known = sorted(
+                {r.data.tags.get("copc_sweep") for r in client.search_runs([exp], "tags.copc_kind = 'sweep'")}
+            )
             raise LookupError(f"no sweep named {sweep!r} in {uri} (known: {', '.join(map(str, known)) or 'none'})")
-        parents += [{"run_id": r.info.run_id, "sweep": sweep, "status": r.info.status, "params": dict(r.data.params)}
-                    for r in sweep_parents]
+        parents += [
+            {"run_id": r.info.run_id, "sweep": sweep, "status": r.info.status, "params": dict(r.data.params)}
+            for r in sweep_parents
+        ]
         for r in runs:
             if r.data.tags.get("copc_kind") != "trial":
                 continue
@@ -244,7 +325,16 @@ def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment
                 if key in r.data.metrics:
                     points = client.get_metric_history(r.info.run_id, key)
                     history[key] = sorted((int(m.step), float(m.value)) for m in points)
-            trials.append({"run_id": r.info.run_id, "run_name": r.info.run_name or "", "status": r.info.status,
-                           "sweep": sweep, "params": dict(r.data.params), "tags": dict(r.data.tags),
-                           "metrics": dict(r.data.metrics), "history": history})
+            trials.append(
+                {
+                    "run_id": r.info.run_id,
+                    "run_name": r.info.run_name or "",
+                    "status": r.info.status,
+                    "sweep": sweep,
+                    "params": dict(r.data.params),
+                    "tags": dict(r.data.tags),
+                    "metrics": dict(r.data.metrics),
+                    "history": history,
+                }
+            )
     return {"experiment_id": exp, "parents": parents, "trials": trials}

@@ -62,11 +62,19 @@ def cell_stats(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: f
     for key, g in scored.groupby(_CELL, sort=True, dropna=False):
         values = groups[key]
         low, high = _interval(reps[key], level)
-        rows.append(dict(zip(_CELL, key)) | {
-            "n": len(values), "mean": float(values.mean()),
-            "sd": float(values.std(ddof=1)) if len(values) > 1 else math.nan, "ci_low": low, "ci_high": high,
-            "collapse_rate": float(g["collapsed"].mean()), "final_mean": float(g["final_accuracy"].mean()),
-            "peak_mean": float(g["peak_accuracy"].mean())})
+        rows.append(
+            dict(zip(_CELL, key))
+            | {
+                "n": len(values),
+                "mean": float(values.mean()),
+                "sd": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                "ci_low": low,
+                "ci_high": high,
+                "collapse_rate": float(g["collapsed"].mean()),
+                "final_mean": float(g["final_accuracy"].mean()),
+                "peak_mean": float(g["peak_accuracy"].mean()),
+            }
+        )
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "n": "int64"})
     return schema.validate(frame, schema.CELLS, "cells")
 
@@ -99,16 +107,29 @@ def coupling(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: flo
             a_low, a_high = _interval(ra, level)
             b_low, b_high = _interval(rb, level)
             c_low, c_high = _interval(rb - ra if have else None, level)
-            rows.append({
-                "method": method, "staleness": k, "tau_policy_from": i, "tau_policy_to": j,
-                "tau_advantage_a": a, "tau_advantage_b": b, "n_min": min(len(groups[key]) for key in keys.values()),
-                "effect_a": float(effect_a), "effect_a_low": a_low, "effect_a_high": a_high,
-                "effect_b": float(effect_b), "effect_b_low": b_low, "effect_b_high": b_high,
-                "contrast": float(effect_b - effect_a), "contrast_low": c_low, "contrast_high": c_high,
-                "reversal": bool(effect_a * effect_b < 0),
-                "significant_reversal": bool((a_low > 0 and b_high < 0) or (a_high < 0 and b_low > 0)),
-                "significant_interaction": bool(c_low > 0 or c_high < 0),
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "staleness": k,
+                    "tau_policy_from": i,
+                    "tau_policy_to": j,
+                    "tau_advantage_a": a,
+                    "tau_advantage_b": b,
+                    "n_min": min(len(groups[key]) for key in keys.values()),
+                    "effect_a": float(effect_a),
+                    "effect_a_low": a_low,
+                    "effect_a_high": a_high,
+                    "effect_b": float(effect_b),
+                    "effect_b_low": b_low,
+                    "effect_b_high": b_high,
+                    "contrast": float(effect_b - effect_a),
+                    "contrast_low": c_low,
+                    "contrast_high": c_high,
+                    "reversal": bool(effect_a * effect_b < 0),
+                    "significant_reversal": bool((a_low > 0 and b_high < 0) or (a_high < 0 and b_low > 0)),
+                    "significant_interaction": bool(c_low > 0 or c_high < 0),
+                }
+            )
     if not rows:
         return schema.empty(schema.COUPLING)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_min": "int64"})
@@ -137,9 +158,16 @@ def interaction_fraction(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0
         have = all(reps[key] is not None for row in keys for key in row)
         boot = np.stack([np.stack([reps[key] for key in row], -1) for row in keys], -2) if have else None
         low, high = _interval(_fraction(boot) if have else None, level)
-        rows.append({"method": method, "staleness": k, "fraction": float(_fraction(table)),
-                     "fraction_low": low, "fraction_high": high,
-                     "n_min": min(len(groups[key]) for row in keys for key in row)})
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "fraction": float(_fraction(table)),
+                "fraction_low": low,
+                "fraction_high": high,
+                "n_min": min(len(groups[key]) for row in keys for key in row),
+            }
+        )
     if not rows:
         return schema.empty(schema.INTERACTION)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_min": "int64"})
@@ -154,9 +182,18 @@ def high_performing_region(cells: pd.DataFrame, within: float = 0.9) -> pd.DataF
         best_row = g.loc[g["mean"].idxmax()]
         best = float(best_row["mean"])
         n_within = int((g["mean"] >= best - (1.0 - within) * abs(best) - 1e-12).sum())
-        rows.append({"method": method, "staleness": k, "n_cells": len(g), "n_within": n_within,
-                     "fraction": n_within / len(g), "best": best, "best_tau_policy": float(best_row["tau_policy"]),
-                     "best_tau_advantage": float(best_row["tau_advantage"])})
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "n_cells": len(g),
+                "n_within": n_within,
+                "fraction": n_within / len(g),
+                "best": best,
+                "best_tau_policy": float(best_row["tau_policy"]),
+                "best_tau_advantage": float(best_row["tau_advantage"]),
+            }
+        )
     if not rows:
         return schema.empty(schema.REGION)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_cells": "int64", "n_within": "int64"})
@@ -170,11 +207,22 @@ def method_comparison(runs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
         mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
         best = mine.loc[mine["mean"].idxmax()]
-        rows.append({"method": method, "staleness": k, "n_runs": len(g), "collapse_rate": float(g["collapsed"].mean()),
-                     "final_mean": float(g["final_accuracy"].mean()), "peak_mean": float(g["peak_accuracy"].mean()),
-                     "best_tau_policy": float(best["tau_policy"]), "best_tau_advantage": float(best["tau_advantage"]),
-                     "best_objective": float(best["mean"]), "best_final_mean": float(best["final_mean"]),
-                     "best_peak_mean": float(best["peak_mean"]), "best_collapse_rate": float(best["collapse_rate"])})
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "n_runs": len(g),
+                "collapse_rate": float(g["collapsed"].mean()),
+                "final_mean": float(g["final_accuracy"].mean()),
+                "peak_mean": float(g["peak_accuracy"].mean()),
+                "best_tau_policy": float(best["tau_policy"]),
+                "best_tau_advantage": float(best["tau_advantage"]),
+                "best_objective": float(best["mean"]),
+                "best_final_mean": float(best["final_mean"]),
+                "best_peak_mean": float(best["peak_mean"]),
+                "best_collapse_rate": float(best["collapse_rate"]),
+            }
+        )
     if not rows:
         return schema.empty(schema.METHODS)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_runs": "int64"})
@@ -185,14 +233,23 @@ def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
     """Mean step-time breakdown per (method, k, runtime); speed-up = step time at k = 0 / step time
     (same method and runtime); learner time relative to `baseline` at the same k and runtime."""
     scored = runs[runs["scored"]]
-    means = (scored.groupby(["method", "staleness", "runtime"], sort=True)
-             .agg(n_runs=("run_id", "size"), rollout_s=("mean_rollout_s", "mean"), train_s=("mean_train_s", "mean"),
-                  step_s=("mean_step_s", "mean")).reset_index())
+    means = (
+        scored.groupby(["method", "staleness", "runtime"], sort=True)
+        .agg(
+            n_runs=("run_id", "size"),
+            rollout_s=("mean_rollout_s", "mean"),
+            train_s=("mean_train_s", "mean"),
+            step_s=("mean_step_s", "mean"),
+        )
+        .reset_index()
+    )
     if means.empty:
         return schema.empty(schema.STEP_TIMES)
     sync = {(r.method, r.runtime): r.step_s for r in means.itertuples() if r.staleness == 0}
     base = {(r.staleness, r.runtime): r.train_s for r in means.itertuples() if r.method == baseline}
     means["speedup_vs_sync"] = [sync.get((r.method, r.runtime), math.nan) / r.step_s for r in means.itertuples()]
-    means["learner_vs_baseline"] = [r.train_s / base.get((r.staleness, r.runtime), math.nan) for r in means.itertuples()]
+    means["learner_vs_baseline"] = [
+        r.train_s / base.get((r.staleness, r.runtime), math.nan) for r in means.itertuples()
+    ]
     means = means.astype({"staleness": "int64", "n_runs": "int64"})
     return schema.validate(means, schema.STEP_TIMES, "step_times")

@@ -38,18 +38,27 @@ def write_plotly_beside(page: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def build_report(tracking_uri: str, sweeps: list[str], out: pathlib.Path, mlflow_ui: str | None = None,
-                 baseline: str = "async_ppo", log_artifact: bool = True) -> pathlib.Path:
+def build_report(
+    tracking_uri: str,
+    sweeps: list[str],
+    out: pathlib.Path,
+    mlflow_ui: str | None = None,
+    baseline: str = "async_ppo",
+    log_artifact: bool = True,
+) -> pathlib.Path:
     if not sweeps:
         raise ValueError("name at least one sweep")
     found = read_sweeps(tracking_uri, sweeps, HISTORY_KEYS)
     ui = mlflow_ui_for(tracking_uri, mlflow_ui)
     runs = runs_frame(found["trials"], found["experiment_id"], ui)
     data = ReportData(
-        title=f"COPC sweep report: {', '.join(sweeps)}", runs=runs, curves=curves_frame(found["trials"]),
+        title=f"COPC sweep report: {', '.join(sweeps)}",
+        runs=runs,
+        curves=curves_frame(found["trials"]),
         sources={"MLflow": tracking_uri, "run links": ui},
         parent_links=[(p["sweep"], run_url(ui, found["experiment_id"], p["run_id"])) for p in found["parents"]],
-        baseline=baseline)
+        baseline=baseline,
+    )
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plotly = write_plotly_beside(out)

@@ -64,8 +64,10 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
     pairs = coupling(copc, n_boot)
     share = interaction_fraction(copc, n_boot)
     out.append(f"#### (a) Coupling: does τ_p's effect depend on τ_a? ({method} grid)\n")
-    out.append("| k | 2×2 sub-grids | significant interaction | sign reversals | significant reversals | "
-               "interaction share [95 % CI] | largest |contrast| [95 % CI] |")
+    out.append(
+        "| k | 2×2 sub-grids | significant interaction | sign reversals | significant reversals | "
+        "interaction share [95 % CI] | largest |contrast| [95 % CI] |"
+    )
     out.append("|---|---|---|---|---|---|---|")
     for k in lags:
         p = pairs[pairs["staleness"] == k]
@@ -74,12 +76,17 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
             out.append(f"| {k} | 0 | — | — | — | — | — |")
             continue
         top = p.loc[p["contrast"].abs().idxmax()]
-        frac = (f"{s.iloc[0]['fraction']:.2f} [{s.iloc[0]['fraction_low']:.2f}, {s.iloc[0]['fraction_high']:.2f}]"
-                if len(s) and not math.isnan(s.iloc[0]["fraction"]) else "— (grid flat)")
-        out.append(f"| {k} | {len(p)} | {int(p['significant_interaction'].sum())} | {int(p['reversal'].sum())} | "
-                   f"{int(p['significant_reversal'].sum())} | {frac} | {top['contrast']:+.2f} "
-                   f"[{top['contrast_low']:+.2f}, {top['contrast_high']:+.2f}] (τ_p {top['tau_policy_from']:g}→"
-                   f"{top['tau_policy_to']:g}, τ_a {top['tau_advantage_a']:g} vs {top['tau_advantage_b']:g}) |")
+        frac = (
+            f"{s.iloc[0]['fraction']:.2f} [{s.iloc[0]['fraction_low']:.2f}, {s.iloc[0]['fraction_high']:.2f}]"
+            if len(s) and not math.isnan(s.iloc[0]["fraction"])
+            else "— (grid flat)"
+        )
+        out.append(
+            f"| {k} | {len(p)} | {int(p['significant_interaction'].sum())} | {int(p['reversal'].sum())} | "
+            f"{int(p['significant_reversal'].sum())} | {frac} | {top['contrast']:+.2f} "
+            f"[{top['contrast_low']:+.2f}, {top['contrast_high']:+.2f}] (τ_p {top['tau_policy_from']:g}→"
+            f"{top['tau_policy_to']:g}, τ_a {top['tau_advantage_a']:g} vs {top['tau_advantage_b']:g}) |"
+        )
     out.append(f"\n{method} final accuracy per cell (seed mean [95 % CI]):\n")
     taus_a = sorted(copc["tau_advantage"].unique())
     for k in lags:
@@ -89,15 +96,20 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
         out.append(f"k = {k}\n\n| τ_p \\ τ_a | " + " | ".join(f"{t:g}" for t in taus_a) + " |")
         out.append("|---|" + "---|" * len(taus_a))
         for tp in sorted(g["tau_policy"].unique()):
-            line = [_ci(g[(g["tau_policy"] == tp) & (g["tau_advantage"] == ta)].iloc[0])
-                    if len(g[(g["tau_policy"] == tp) & (g["tau_advantage"] == ta)]) else "—" for ta in taus_a]
+            line = [
+                _ci(g[(g["tau_policy"] == tp) & (g["tau_advantage"] == ta)].iloc[0])
+                if len(g[(g["tau_policy"] == tp) & (g["tau_advantage"] == ta)])
+                else "—"
+                for ta in taus_a
+            ]
             out.append(f"| {tp:g} | " + " | ".join(line) + " |")
         out.append("")
     return out
 
 
-def _best_sections(runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two: list[str], single: list[str],
-                   baselines: list[str]) -> list[str]:
+def _best_sections(
+    runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str]
+) -> list[str]:
     out = ["#### (b) Best cell per method and k (final accuracy, seed mean [95 % CI]; collapse rate)\n"]
     methods = [*two, *single, *baselines]
     out.append("| method | " + " | ".join(f"k={k}" for k in lags) + " |")
@@ -112,8 +124,11 @@ def _best_sections(runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two
                 continue
             b = g.loc[g["mean"].idxmax()]
             best[m, k] = b
-            bands = ", ".join(f"{n} {_band(b[c])}" for n, c in (("τ_p", "tau_policy"), ("τ_a", "tau_advantage"))
-                              if not math.isinf(b[c]))
+            bands = ", ".join(
+                f"{n} {_band(b[c])}"
+                for n, c in (("τ_p", "tau_policy"), ("τ_a", "tau_advantage"))
+                if not math.isinf(b[c])
+            )
             line.append(f"{_ci(b)}; {b['collapse_rate']:.0%}" + (f" ({bands})" if bands else ""))
         out.append(f"| {m} | " + " | ".join(line) + " |")
     out.append("\n| method | k | best cell | best baseline | ≥ baseline (means) | intervals overlap |")
@@ -126,13 +141,17 @@ def _best_sections(runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two
             c = best[copc, k]
             m, r = max(rivals, key=lambda mr: mr[1]["mean"])
             overlap = not (c["ci_low"] > r["ci_high"] or r["ci_low"] > c["ci_high"])
-            out.append(f"| {copc} | {k} | {_ci(c)} | {m} {_ci(r)} | {'yes' if c['mean'] >= r['mean'] else 'no'} | "
-                       f"{'yes' if overlap else 'no'} |")
+            out.append(
+                f"| {copc} | {k} | {_ci(c)} | {m} {_ci(r)} | {'yes' if c['mean'] >= r['mean'] else 'no'} | "
+                f"{'yes' if overlap else 'no'} |"
+            )
     # (c) stability at the largest k
     k = max(lags)
     out.append(f"\n#### (c) Stability at k = {k}: collapse rate over all runs of each method, and the early warnings\n")
-    out.append("| method | runs | collapsed | final accuracy (mean over runs) | peak | runs with an ESS-drop or "
-               "grad-spike warning | collapsed runs warned before the collapse |")
+    out.append(
+        "| method | runs | collapsed | final accuracy (mean over runs) | peak | runs with an ESS-drop or "
+        "grad-spike warning | collapsed runs warned before the collapse |"
+    )
     out.append("|---|---|---|---|---|---|---|")
     for m in methods:
         g = runs[(runs["method"] == m) & (runs["staleness"] == k)]
@@ -140,9 +159,11 @@ def _best_sections(runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two
             warned = g[(g["ess_drop_count"] + g["grad_spike_count"]) > 0]
             collapsed = g[g["collapsed"] & g["collapse_step"].notna()]
             early = collapsed[collapsed["first_warning_step"] < collapsed["collapse_step"]]
-            out.append(f"| {m} | {len(g)} | {int(g['collapsed'].sum())} ({g['collapsed'].mean():.0%}) | "
-                       f"{g['final_accuracy'].mean():.2f} | {g['peak_accuracy'].mean():.2f} | {len(warned)} | "
-                       f"{len(early)}/{len(collapsed)} |")
+            out.append(
+                f"| {m} | {len(g)} | {int(g['collapsed'].sum())} ({g['collapsed'].mean():.0%}) | "
+                f"{g['final_accuracy'].mean():.2f} | {g['peak_accuracy'].mean():.2f} | {len(warned)} | "
+                f"{len(early)}/{len(collapsed)} |"
+            )
     # region
     out.append("\n#### High-performing region: share of each grid's cells within 90 % of the best cell of the three\n")
     banded = [*two, *single]
@@ -160,5 +181,3 @@ def _best_sections(runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two
             line.append(f"{n}/{len(mine)} ({n / len(mine):.0%})" if len(mine) else "—")
         out.append(f"| {k} | {top:.2f} | " + " | ".join(line) + " |")
     return out
-
-

@@ -17,10 +17,15 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-DIAGNOSTICS = [("correction/ess", "ESS (token)"), ("correction/masked_frac", "masked fraction"),
-               ("correction/trace_clip_frac", "trace-clip fraction"), ("actor/grad_norm", "grad norm"),
-               ("policy/kl_step", "KL(π_v ‖ π_v+1) per token"), ("critic/explained_var", "critic explained variance"),
-               ("staleness/mean", "realised staleness")]
+DIAGNOSTICS = [
+    ("correction/ess", "ESS (token)"),
+    ("correction/masked_frac", "masked fraction"),
+    ("correction/trace_clip_frac", "trace-clip fraction"),
+    ("actor/grad_norm", "grad norm"),
+    ("policy/kl_step", "KL(π_v ‖ π_v+1) per token"),
+    ("critic/explained_var", "critic explained variance"),
+    ("staleness/mean", "realised staleness"),
+]
 _PALETTE = qualitative.Plotly + qualitative.D3
 
 
@@ -47,8 +52,9 @@ def cell_name(cell: tuple[str, float, float]) -> str:
     return html.escape(f"{method} {bands}".strip())
 
 
-def tau_grid(g: pd.DataFrame, value: Callable[[Any], float], label: Callable[[Any], str]
-             ) -> tuple[list[float], list[float], np.ndarray, list[list[str]]]:
+def tau_grid(
+    g: pd.DataFrame, value: Callable[[Any], float], label: Callable[[Any], str]
+) -> tuple[list[float], list[float], np.ndarray, list[list[str]]]:
     """(τ_p values, τ_a values, z[τ_p, τ_a], text[τ_p][τ_a]) of one panel's rows; empty cells stay NaN / ""."""
     tps, tas = sorted(g["tau_policy"].unique()), sorted(g["tau_advantage"].unique())
     z = np.full((len(tps), len(tas)), np.nan)
@@ -76,23 +82,55 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(ks), subplot_titles=titles, horizontal_spacing=0.08)
     for col, k in enumerate(ks, start=1):
         g = mine[mine["staleness"] == k]
-        tps, tas, z, text = tau_grid(g, lambda r: r.mean, lambda r: f"{r.mean:.2f}"
-                                     + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}") + f"<br>n={r.n}"
-                                     + (f"<br>✕ {round(r.collapse_rate * r.n)}/{r.n} collapsed" if r.collapse_rate > 0
-                                        else ""))
-        fig.add_trace(go.Heatmap(z=z, x=[tau(v) for v in tas], y=[tau(v) for v in tps], text=text,
-                                 texttemplate="%{text}", zmin=OBJECTIVE_RANGE[0], zmax=OBJECTIVE_RANGE[1], zmid=0.0,
-                                 colorscale="RdYlGn", showscale=col == len(ks), colorbar={"title": "objective"},
-                                 hovertemplate="τ_p=%{y} τ_a=%{x}<br>%{text}<extra></extra>", name=f"k={k}"),
-                      row=1, col=col)
+        tps, tas, z, text = tau_grid(
+            g,
+            lambda r: r.mean,
+            lambda r: (
+                f"{r.mean:.2f}"
+                + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}")
+                + f"<br>n={r.n}"
+                + (f"<br>✕ {round(r.collapse_rate * r.n)}/{r.n} collapsed" if r.collapse_rate > 0 else "")
+            ),
+        )
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[tau(v) for v in tas],
+                y=[tau(v) for v in tps],
+                text=text,
+                texttemplate="%{text}",
+                zmin=OBJECTIVE_RANGE[0],
+                zmax=OBJECTIVE_RANGE[1],
+                zmid=0.0,
+                colorscale="RdYlGn",
+                showscale=col == len(ks),
+                colorbar={"title": "objective"},
+                hovertemplate="τ_p=%{y} τ_a=%{x}<br>%{text}<extra></extra>",
+                name=f"k={k}",
+            ),
+            row=1,
+            col=col,
+        )
         best = np.nanmax(z)
         for i, j in zip(*np.where(np.isclose(z, best, atol=1e-9))):
-            fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5, line={"color": "black", "width": 3},
-                          row=1, col=col)
+            fig.add_shape(
+                type="rect",
+                x0=j - 0.5,
+                x1=j + 0.5,
+                y0=i - 0.5,
+                y1=i + 0.5,
+                line={"color": "black", "width": 3},
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="τ_a", type="category", row=1, col=col)
         fig.update_yaxes(title_text="τ_p", type="category", row=1, col=col)
-    fig.update_layout(title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
-                            "outlined: best at that k, ties all outlined)", height=400, margin={"t": 80})
+    fig.update_layout(
+        title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
+        "outlined: best at that k, ties all outlined)",
+        height=400,
+        margin={"t": 80},
+    )
     return fig
 
 
@@ -108,51 +146,104 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
         g = mine[mine["staleness"] == k]
         for ta in sorted(g["tau_advantage"].unique()):
             line = g[g["tau_advantage"] == ta].sort_values("tau_policy")
-            err = {"type": "data", "symmetric": False, "array": (line["ci_high"] - line["mean"]).fillna(0).tolist(),
-                   "arrayminus": (line["mean"] - line["ci_low"]).fillna(0).tolist()}
-            fig.add_trace(go.Scatter(x=[tau(v) for v in line["tau_policy"]], y=line["mean"].tolist(), error_y=err,
-                                     mode="lines+markers", name=f"τ_a = {tau(ta)}", legendgroup=str(ta),
-                                     showlegend=col == 1, line={"color": colors[ta]}), row=1, col=col)
+            err = {
+                "type": "data",
+                "symmetric": False,
+                "array": (line["ci_high"] - line["mean"]).fillna(0).tolist(),
+                "arrayminus": (line["mean"] - line["ci_low"]).fillna(0).tolist(),
+            }
+            fig.add_trace(
+                go.Scatter(
+                    x=[tau(v) for v in line["tau_policy"]],
+                    y=line["mean"].tolist(),
+                    error_y=err,
+                    mode="lines+markers",
+                    name=f"τ_a = {tau(ta)}",
+                    legendgroup=str(ta),
+                    showlegend=col == 1,
+                    line={"color": colors[ta]},
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="τ_p", type="category", row=1, col=col)
     fig.update_yaxes(title_text="objective", row=1, col=1)
-    fig.update_layout(title=f"{html.escape(method)}: interaction plot (lines cross ⇔ τ_p's effect depends on τ_a)",
-                      height=380, margin={"t": 80})
+    fig.update_layout(
+        title=f"{html.escape(method)}: interaction plot (lines cross ⇔ τ_p's effect depends on τ_a)",
+        height=380,
+        margin={"t": 80},
+    )
     return fig
 
 
 def contrasts(coupling: pd.DataFrame) -> go.Figure:
     """Forest plot of interaction contrasts E_b − E_a with bootstrap intervals; sign reversals in red."""
     fig = go.Figure()
-    labels = [f"{html.escape(r.method)} k={r.staleness}: τp {tau(r.tau_policy_from)}→{tau(r.tau_policy_to)}, "
-              f"τa {tau(r.tau_advantage_a)} vs {tau(r.tau_advantage_b)}" for r in coupling.itertuples()]
-    colors = ["#d62728" if r.significant_reversal else ("#ff7f0e" if r.reversal else "#1f77b4")
-              for r in coupling.itertuples()]
-    err = {"type": "data", "symmetric": False, "array": (coupling["contrast_high"] - coupling["contrast"]).fillna(0).tolist(),
-           "arrayminus": (coupling["contrast"] - coupling["contrast_low"]).fillna(0).tolist()}
-    hover = [f"E_a={r.effect_a:+.3f} E_b={r.effect_b:+.3f} contrast={r.contrast:+.3f} "
-             f"[{r.contrast_low:+.3f}, {r.contrast_high:+.3f}] n≥{r.n_min}" for r in coupling.itertuples()]
-    fig.add_trace(go.Scatter(x=coupling["contrast"].tolist(), y=labels, mode="markers", error_x=err,
-                             marker={"color": colors, "size": 9}, text=hover, hovertemplate="%{y}<br>%{text}<extra></extra>",
-                             name="contrast"))
+    labels = [
+        f"{html.escape(r.method)} k={r.staleness}: τp {tau(r.tau_policy_from)}→{tau(r.tau_policy_to)}, "
+        f"τa {tau(r.tau_advantage_a)} vs {tau(r.tau_advantage_b)}"
+        for r in coupling.itertuples()
+    ]
+    colors = [
+        "#d62728" if r.significant_reversal else ("#ff7f0e" if r.reversal else "#1f77b4") for r in coupling.itertuples()
+    ]
+    err = {
+        "type": "data",
+        "symmetric": False,
+        "array": (coupling["contrast_high"] - coupling["contrast"]).fillna(0).tolist(),
+        "arrayminus": (coupling["contrast"] - coupling["contrast_low"]).fillna(0).tolist(),
+    }
+    hover = [
+        f"E_a={r.effect_a:+.3f} E_b={r.effect_b:+.3f} contrast={r.contrast:+.3f} "
+        f"[{r.contrast_low:+.3f}, {r.contrast_high:+.3f}] n≥{r.n_min}"
+        for r in coupling.itertuples()
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=coupling["contrast"].tolist(),
+            y=labels,
+            mode="markers",
+            error_x=err,
+            marker={"color": colors, "size": 9},
+            text=hover,
+            hovertemplate="%{y}<br>%{text}<extra></extra>",
+            name="contrast",
+        )
+    )
     fig.add_vline(x=0.0, line_dash="dot", line_color="grey")
-    fig.update_layout(title="Interaction contrasts (red: significant sign reversal of τ_p's effect; orange: point-estimate reversal)",
-                      xaxis_title="E(τ_a = b) − E(τ_a = a), effect of τ_p from → to", height=max(300, 24 * len(labels) + 140),
-                      margin={"l": 360, "t": 70})
+    fig.update_layout(
+        title="Interaction contrasts (red: significant sign reversal of τ_p's effect; orange: point-estimate reversal)",
+        xaxis_title="E(τ_a = b) − E(τ_a = a), effect of τ_p from → to",
+        height=max(300, 24 * len(labels) + 140),
+        margin={"l": 360, "t": 70},
+    )
     return fig
 
 
 def region_bars(region: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for method, g in region.groupby("method", sort=True):
-        fig.add_trace(go.Bar(x=[f"k={k}" for k in g["staleness"]], y=g["fraction"].tolist(), name=html.escape(method),
-                             text=[f"{a}/{b}" for a, b in zip(g["n_within"], g["n_cells"])], textposition="outside"))
-    fig.update_layout(title="High-performing region: fraction of the (τ_p, τ_a) grid within 90 % of the best cell",
-                      yaxis={"title": "fraction of cells", "range": [0, 1.1]}, barmode="group", height=360)
+        fig.add_trace(
+            go.Bar(
+                x=[f"k={k}" for k in g["staleness"]],
+                y=g["fraction"].tolist(),
+                name=html.escape(method),
+                text=[f"{a}/{b}" for a, b in zip(g["n_within"], g["n_cells"])],
+                textposition="outside",
+            )
+        )
+    fig.update_layout(
+        title="High-performing region: fraction of the (τ_p, τ_a) grid within 90 % of the best cell",
+        yaxis={"title": "fraction of cells", "range": [0, 1.1]},
+        barmode="group",
+        height=360,
+    )
     return fig
 
 
-def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eval/accuracy",
-                    train_metric: str = "reward/mean") -> go.Figure:
+def learning_curves(
+    runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eval/accuracy", train_metric: str = "reward/mean"
+) -> go.Figure:
     """Held-out accuracy per run over training (lines with markers at the evaluations), the training
     reward of every step beside it (dotted, same colour), one panel per staleness level, ✕ at the
     collapse step. The dotted line shows rise-and-fall episodes shorter than the evaluation interval."""
@@ -170,31 +261,63 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, metric: str = "eva
             cell = run_cell(r)
             group, name = cell_name(cell), html.escape(r.run_name)
             color = colors[cell]
-            fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines+markers",
-                                     name=group, legendgroup=group, showlegend=cell not in shown,
-                                     line={"color": color, "width": 1.5}, marker={"size": 4},
-                                     hovertemplate=f"{name}<br>held-out, step %{{x}}: %{{y:.3f}}<extra></extra>"),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=pts["step"].tolist(),
+                    y=pts["value"].tolist(),
+                    mode="lines+markers",
+                    name=group,
+                    legendgroup=group,
+                    showlegend=cell not in shown,
+                    line={"color": color, "width": 1.5},
+                    marker={"size": 4},
+                    hovertemplate=f"{name}<br>held-out, step %{{x}}: %{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
             shown.add(cell)
             steps = train[train["run_id"] == r.run_id].sort_values("step")
             if not steps.empty:
-                fig.add_trace(go.Scatter(x=steps["step"].tolist(), y=steps["value"].tolist(), mode="lines",
-                                         name=f"{name} (training reward)", legendgroup=group, showlegend=False,
-                                         line={"color": color, "width": 1, "dash": "dot"},
-                                         hovertemplate=f"{name}<br>training reward, step %{{x}}: %{{y:.3f}}"
-                                                       "<extra></extra>"), row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=steps["step"].tolist(),
+                        y=steps["value"].tolist(),
+                        mode="lines",
+                        name=f"{name} (training reward)",
+                        legendgroup=group,
+                        showlegend=False,
+                        line={"color": color, "width": 1, "dash": "dot"},
+                        hovertemplate=f"{name}<br>training reward, step %{{x}}: %{{y:.3f}}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
             if r.collapsed and not math.isnan(r.collapse_step):
                 at = pts.iloc[(pts["step"] - r.collapse_step).abs().argmin()]
-                fig.add_trace(go.Scatter(x=[int(at["step"])], y=[float(at["value"])], mode="markers", showlegend=False,
-                                         legendgroup=group, marker={"symbol": "x", "size": 11, "color": "#d62728"},
-                                         hovertemplate=f"{name}<br>collapsed at step {int(r.collapse_step)} "
-                                                       f"({html.escape(r.collapse_reason)})<extra></extra>"),
-                              row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[int(at["step"])],
+                        y=[float(at["value"])],
+                        mode="markers",
+                        showlegend=False,
+                        legendgroup=group,
+                        marker={"symbol": "x", "size": 11, "color": "#d62728"},
+                        hovertemplate=f"{name}<br>collapsed at step {int(r.collapse_step)} "
+                        f"({html.escape(r.collapse_reason)})<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
         fig.update_xaxes(title_text="learner step", row=1, col=col)
     fig.update_yaxes(title_text="held-out accuracy · training reward (dotted)", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title="Learning curves: held-out accuracy (solid), training reward of every step (dotted); "
-                            "✕ = collapse; one colour and legend entry per cell (click to hide its runs)",
-                      height=460, margin={"t": 80}, legend={"title": {"text": "cell (all seeds, every k panel)"}})
+    fig.update_layout(
+        title="Learning curves: held-out accuracy (solid), training reward of every step (dotted); "
+        "✕ = collapse; one colour and legend entry per cell (click to hide its runs)",
+        height=460,
+        margin={"t": 80},
+        legend={"title": {"text": "cell (all seeds, every k panel)"}},
+    )
     return fig
 
 
@@ -215,17 +338,30 @@ def diagnostics(runs: pd.DataFrame, curves: pd.DataFrame) -> go.Figure:
                     continue
                 cell = run_cell(r)
                 group, name = cell_name(cell), html.escape(r.run_name)
-                fig.add_trace(go.Scatter(x=pts["step"].tolist(), y=pts["value"].tolist(), mode="lines", name=group,
-                                         legendgroup=group, showlegend=cell not in shown,
-                                         line={"color": colors[cell], "width": 1},
-                                         hovertemplate=f"{name}<br>{label} at step %{{x}}: %{{y:.3g}}<extra></extra>"),
-                              row=row, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=pts["step"].tolist(),
+                        y=pts["value"].tolist(),
+                        mode="lines",
+                        name=group,
+                        legendgroup=group,
+                        showlegend=cell not in shown,
+                        line={"color": colors[cell], "width": 1},
+                        hovertemplate=f"{name}<br>{label} at step %{{x}}: %{{y:.3g}}<extra></extra>",
+                    ),
+                    row=row,
+                    col=col,
+                )
                 shown.add(cell)
             fig.update_xaxes(title_text="learner step", row=row, col=col)
         fig.update_yaxes(title_text=label, row=row, col=1)
-    fig.update_layout(title="Off-policy diagnostics over training: one row per diagnostic, one column per staleness "
-                            "level, one colour per cell (legend; click to hide)",
-                      height=260 * len(DIAGNOSTICS), margin={"t": 80}, legend={"title": {"text": "cell"}})
+    fig.update_layout(
+        title="Off-policy diagnostics over training: one row per diagnostic, one column per staleness "
+        "level, one colour per cell (legend; click to hide)",
+        height=260 * len(DIAGNOSTICS),
+        margin={"t": 80},
+        legend={"title": {"text": "cell"}},
+    )
     return fig
 
 
@@ -235,6 +371,7 @@ def step_time_bars(times: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for column, name in (("rollout_s", "rollout"), ("train_s", "learner"), ("step_s", "whole step")):
         fig.add_trace(go.Bar(x=labels, y=times[column].tolist(), name=name))
-    fig.update_layout(title="Step-time breakdown (mean seconds per learner step)", barmode="group",
-                      yaxis_title="seconds", height=380)
+    fig.update_layout(
+        title="Step-time breakdown (mean seconds per learner step)", barmode="group", yaxis_title="seconds", height=380
+    )
     return fig

@@ -17,15 +17,44 @@ import pandas as pd
 from reports import schema
 
 # per-step metrics the report plots (learner/trainer keys, docs/ALGORITHMS.md §5)
-HISTORY_KEYS = ["eval/accuracy", "reward/mean", "correction/ess", "correction/masked_frac",
-                "correction/trace_clip_frac", "actor/grad_norm", "policy/kl_step", "critic/explained_var",
-                "staleness/mean", "time/step_s", "time/rollout_s", "time/train_s"]
+HISTORY_KEYS = [
+    "eval/accuracy",
+    "reward/mean",
+    "correction/ess",
+    "correction/masked_frac",
+    "correction/trace_clip_frac",
+    "actor/grad_norm",
+    "policy/kl_step",
+    "critic/explained_var",
+    "staleness/mean",
+    "time/step_s",
+    "time/rollout_s",
+    "time/train_s",
+]
 
-_SUMMARY = ["objective", "final_accuracy", "peak_accuracy", "auc_accuracy", "warm_start_accuracy",
-            "collapse_step", "collapse_step_train", "ess_drop_count", "grad_spike_count", "mean_step_s",
-            "mean_rollout_s", "mean_train_s", "staleness_mean", "staleness_max", "staleness_updates_mean",
-            "kl_step_mean", "critic_explained_var_first", "critic_warmup_explained_var", "ratio_in_band_mean",
-            "log_ratio_p01_mean", "log_ratio_p99_mean"]
+_SUMMARY = [
+    "objective",
+    "final_accuracy",
+    "peak_accuracy",
+    "auc_accuracy",
+    "warm_start_accuracy",
+    "collapse_step",
+    "collapse_step_train",
+    "ess_drop_count",
+    "grad_spike_count",
+    "mean_step_s",
+    "mean_rollout_s",
+    "mean_train_s",
+    "staleness_mean",
+    "staleness_max",
+    "staleness_updates_mean",
+    "kl_step_mean",
+    "critic_explained_var_first",
+    "critic_warmup_explained_var",
+    "ratio_in_band_mean",
+    "log_ratio_p01_mean",
+    "log_ratio_p99_mean",
+]
 
 
 def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
@@ -77,21 +106,28 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
         objective = m.get("summary/objective", math.nan)
         method = tags.get("method") or p.get("method.name", "?")  # the method's key in its sweep (a reading too)
         bounded = p.get("train.eta", "None") != "None"  # the staleness level is the bound η, not a lag k
-        rows.append({
-            "run_id": t["run_id"], "run_name": t["run_name"], "sweep": t["sweep"], "status": t["status"],
-            "method": f"{method} (bounded η)" if bounded else method, "runtime": tags.get("runtime", "?"),
-            # the bands in effect, as logged (older runs: the config's, which may be None for a method's default)
-            "tau_policy": _band(tags.get("tau_policy", p.get("method.tau_policy"))),
-            "tau_advantage": _band(tags.get("tau_advantage", p.get("method.tau_advantage"))),
-            "staleness": _int(p.get("train.eta" if bounded else "train.staleness")), "seed": _int(p.get("train.seed")),
-            "scored": bool(math.isfinite(objective)),
-            "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
-            "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",
-            "fail_reason": tags.get("fail_reason", ""),
-            "first_warning_step": _first_warning(tags),
-            "url": run_url(mlflow_ui, experiment_id, t["run_id"]),
-            **{k: float(m.get(f"summary/{k}", math.nan)) for k in _SUMMARY},
-        })
+        rows.append(
+            {
+                "run_id": t["run_id"],
+                "run_name": t["run_name"],
+                "sweep": t["sweep"],
+                "status": t["status"],
+                "method": f"{method} (bounded η)" if bounded else method,
+                "runtime": tags.get("runtime", "?"),
+                # the bands in effect, as logged (older runs: the config's, which may be None for a method's default)
+                "tau_policy": _band(tags.get("tau_policy", p.get("method.tau_policy"))),
+                "tau_advantage": _band(tags.get("tau_advantage", p.get("method.tau_advantage"))),
+                "staleness": _int(p.get("train.eta" if bounded else "train.staleness")),
+                "seed": _int(p.get("train.seed")),
+                "scored": bool(math.isfinite(objective)),
+                "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
+                "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",
+                "fail_reason": tags.get("fail_reason", ""),
+                "first_warning_step": _first_warning(tags),
+                "url": run_url(mlflow_ui, experiment_id, t["run_id"]),
+                **{k: float(m.get(f"summary/{k}", math.nan)) for k in _SUMMARY},
+            }
+        )
     if not rows:
         return schema.empty(schema.RUNS)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "seed": "int64"})
@@ -100,8 +136,12 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
 
 
 def curves_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
-    rows = [{"run_id": t["run_id"], "metric": key, "step": int(step), "value": float(value)}
-            for t in trials for key, points in t["history"].items() for step, value in points]
+    rows = [
+        {"run_id": t["run_id"], "metric": key, "step": int(step), "value": float(value)}
+        for t in trials
+        for key, points in t["history"].items()
+        for step, value in points
+    ]
     if not rows:
         return schema.empty(schema.CURVES)
     return schema.validate(pd.DataFrame(rows).astype({"step": "int64"}), schema.CURVES, "curves")

@@ -18,9 +18,11 @@ from reports.claims import claim_tables, has_claims
 from reports.figures import tau
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;
+padding:0 16px}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;margin:8px 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;margin:8px 0;font-size:0.9em}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}.note{color:#555;font-size:0.9em;max-width:1000px}
 .bad{color:#b00}.good{color:#070}.figure{margin:12px 0}
 """
@@ -49,8 +51,10 @@ def num(value: Any, digits: int = 3) -> str:
 
 def table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str] | None]], table_id: str) -> str:
     """columns: (frame column, header, formatter returning HTML; None = escaped number/text)."""
-    head = "".join(f'<th class="l">{html.escape(h)}</th>' if i == 0 else f"<th>{html.escape(h)}</th>"
-                   for i, (_, h, _) in enumerate(columns))
+    head = "".join(
+        f'<th class="l">{html.escape(h)}</th>' if i == 0 else f"<th>{html.escape(h)}</th>"
+        for i, (_, h, _) in enumerate(columns)
+    )
     body = []
     for row in frame.to_dict("records"):
         cells = []
@@ -60,12 +64,19 @@ def table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
         body = [f'<tr><td class="l" colspan="{len(columns)}">none</td></tr>']
-    return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return (
+        f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    )
 
 
 def figure_div(fig: go.Figure, div_id: str) -> str:
-    return '<div class="figure">' + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                                                config={"displaylogo": False, "responsive": True}) + "</div>"
+    return (
+        '<div class="figure">'
+        + fig.to_html(
+            full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
+        )
+        + "</div>"
+    )
 
 
 def _link(url: str, text: str) -> str:
@@ -78,19 +89,27 @@ def best_cells(cells: pd.DataFrame) -> str:
         return "—"
     top = float(cells["mean"].max())
     tied = cells[(cells["mean"] - top).abs() < 1e-9]
-    names = [" ".join([r.method] + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage))
-                                     if not math.isinf(v)]) for r in tied.itertuples()]
+    names = [
+        " ".join(
+            [r.method]
+            + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage)) if not math.isinf(v)]
+        )
+        for r in tied.itertuples()
+    ]
     return f"{top:.3f}: " + (names[0] if len(names) == 1 else f"{len(names)} cells tie ({', '.join(names)})")
 
 
 def _best_per_level(cells: pd.DataFrame) -> pd.DataFrame:
-    rows = [{"staleness": k, "best": best_cells(g), "all_collapsed": bool((g["collapse_rate"] >= 1.0).all())}
-            for k, g in cells.groupby("staleness", sort=True)]
+    rows = [
+        {"staleness": k, "best": best_cells(g), "all_collapsed": bool((g["collapse_rate"] >= 1.0).all())}
+        for k, g in cells.groupby("staleness", sort=True)
+    ]
     return pd.DataFrame(rows, columns=["staleness", "best", "all_collapsed"])
 
 
-def _summary(runs: pd.DataFrame, cells: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame,
-             coupling: pd.DataFrame) -> pd.DataFrame:
+def _summary(
+    runs: pd.DataFrame, cells: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coupling: pd.DataFrame
+) -> pd.DataFrame:
     rows = []
     for (method, k), g in runs.groupby(["method", "staleness"], sort=True):
         scored = g[g["scored"]]
@@ -98,17 +117,30 @@ def _summary(runs: pd.DataFrame, cells: pd.DataFrame, region: pd.DataFrame, inte
         mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
         itr = inter[(inter["method"] == method) & (inter["staleness"] == k)]
         cpl = coupling[(coupling["method"] == method) & (coupling["staleness"] == k)]
-        rows.append({
-            "method": method, "staleness": k, "runs": len(g), "failed": int((~g["scored"]).sum()),
-            "collapsed": int(scored["collapsed"].sum()),
-            "best": best_cells(mine),
-            "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
-            "interaction": (f"{itr.iloc[0].fraction:.2f} [{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
-                            if len(itr) else "—"),
-            "reversals": f"{int(cpl['significant_reversal'].sum())} significant, {int(cpl['reversal'].sum())} point / {len(cpl)}"
-            if len(cpl) else "—",
-            "seeds": int(scored.groupby(["tau_policy", "tau_advantage"])["seed"].nunique().min()) if len(scored) else 0,
-        })
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "runs": len(g),
+                "failed": int((~g["scored"]).sum()),
+                "collapsed": int(scored["collapsed"].sum()),
+                "best": best_cells(mine),
+                "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
+                "interaction": (
+                    f"{itr.iloc[0].fraction:.2f} "
+                    f"[{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
+                    if len(itr)
+                    else "—"
+                ),
+                "reversals": f"{int(cpl['significant_reversal'].sum())} significant, "
+                f"{int(cpl['reversal'].sum())} point / {len(cpl)}"
+                if len(cpl)
+                else "—",
+                "seeds": int(scored.groupby(["tau_policy", "tau_advantage"])["seed"].nunique().min())
+                if len(scored)
+                else 0,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -122,35 +154,73 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
     times = analysis.step_times(runs, data.baseline)
     summary = _summary(runs, cells, region, inter, coupling)
     esc = html.escape
-    parts = [f"<h1>{esc(data.title)}</h1>",
-             f'<p class="note">generated {datetime.datetime.now().isoformat(timespec="seconds")}; '
-             + "; ".join(f"{esc(k)}: <code>{esc(v)}</code>" for k, v in data.sources.items()) + "</p>"]
+    parts = [
+        f"<h1>{esc(data.title)}</h1>",
+        f'<p class="note">generated {datetime.datetime.now().isoformat(timespec="seconds")}; '
+        + "; ".join(f"{esc(k)}: <code>{esc(v)}</code>" for k, v in data.sources.items())
+        + "</p>",
+    ]
     if data.parent_links:
-        parts.append('<p class="note">sweep parent runs in MLflow: '
-                     + ", ".join(_link(url, name) for name, url in data.parent_links) + "</p>")
-    parts += ["<h2>Summary</h2>", table(summary, [
-        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("runs", "runs", None),
-        ("failed", "failed", None), ("collapsed", "collapsed", None), ("seeds", "seeds per cell (min)", None),
-        ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
-        ("region", "cells within 90 % of best", None),
-        ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
-        ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"]))], "summary"),
+        parts.append(
+            '<p class="note">sweep parent runs in MLflow: '
+            + ", ".join(_link(url, name) for name, url in data.parent_links)
+            + "</p>"
+        )
+    parts += [
+        "<h2>Summary</h2>",
+        table(
+            summary,
+            [
+                ("method", "method", lambda r: esc(r["method"])),
+                ("staleness", "k", None),
+                ("runs", "runs", None),
+                ("failed", "failed", None),
+                ("collapsed", "collapsed", None),
+                ("seeds", "seeds per cell (min)", None),
+                ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
+                ("region", "cells within 90 % of best", None),
+                ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
+                ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"])),
+            ],
+            "summary",
+        ),
         '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
         "run). Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive "
         "model in τ_p and τ_a cannot explain (0 = no coupling). Intervals: percentile bootstrap over seeds "
-        f"({data.n_boot} replicates); cells with one seed have none.</p>"]
+        f"({data.n_boot} replicates); cells with one seed have none.</p>",
+    ]
     if not cells.empty:
-        parts += ["<h2>Best per staleness level</h2>", table(_best_per_level(cells), [
-            ("staleness", "k", None),
-            ("best", "best cell over every method: seed-mean objective (ties all named)",
-             lambda r: esc(r["best"]) + (' <b class="bad">(every run at this k collapsed)</b>'
-                                          if r["all_collapsed"] else ""))], "best-per-k")]
+        parts += [
+            "<h2>Best per staleness level</h2>",
+            table(
+                _best_per_level(cells),
+                [
+                    ("staleness", "k", None),
+                    (
+                        "best",
+                        "best cell over every method: seed-mean objective (ties all named)",
+                        lambda r: (
+                            esc(r["best"])
+                            + (' <b class="bad">(every run at this k collapsed)</b>' if r["all_collapsed"] else "")
+                        ),
+                    ),
+                ],
+                "best-per-k",
+            ),
+        ]
     if has_claims(runs):
-        parts += ["<h2>The paper's claims</h2>", markdown_html(claim_tables(runs, data.n_boot)),
-                  '<p class="note">Methods take roles by their bands in the sweep: two-channel (a grid of ≥ 2 τ_p × ≥ 2 '
-                  "τ_a), single-channel (one band varied), baseline (no band). Scores here are final held-out accuracy; "
-                  "collapse is counted apart. Intervals: percentile bootstrap over seeds.</p>"]
-    gridded = [m for m, g in cells.groupby("method", sort=True) if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1]
+        parts += [
+            "<h2>The paper's claims</h2>",
+            markdown_html(claim_tables(runs, data.n_boot)),
+            '<p class="note">Methods take roles by their bands in the sweep: two-channel (a grid of ≥ 2 τ_p × ≥ 2 '
+            "τ_a), single-channel (one band varied), baseline (no band). Scores here are final held-out accuracy; "
+            "collapse is counted apart. Intervals: percentile bootstrap over seeds.</p>",
+        ]
+    gridded = [
+        m
+        for m, g in cells.groupby("method", sort=True)
+        if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1
+    ]
     if cells.empty:
         parts.append('<p class="bad">No trial finished training: nothing to plot.</p>')
     else:
@@ -165,57 +235,141 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
             parts.append('<p class="note">Needs at least two τ_p and two τ_a levels at one staleness level.</p>')
         else:
             parts.append(figure_div(figures.contrasts(coupling), "contrasts"))
-            parts.append(table(coupling, [
-                ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
-                ("tau_policy_from", "τ_p from", None), ("tau_policy_to", "τ_p to", None),
-                ("tau_advantage_a", "τ_a = a", None), ("tau_advantage_b", "τ_a = b", None),
-                ("effect_a", "effect at a", lambda r: f"{r['effect_a']:+.3f} [{num(r['effect_a_low'])}, {num(r['effect_a_high'])}]"),
-                ("effect_b", "effect at b", lambda r: f"{r['effect_b']:+.3f} [{num(r['effect_b_low'])}, {num(r['effect_b_high'])}]"),
-                ("contrast", "contrast", lambda r: f"{r['contrast']:+.3f} [{num(r['contrast_low'])}, {num(r['contrast_high'])}]"),
-                ("reversal", "reversal", lambda r: ('<b class="bad">significant</b>' if r["significant_reversal"]
-                                                    else ("point estimate" if r["reversal"] else "no")))], "coupling"))
+            parts.append(
+                table(
+                    coupling,
+                    [
+                        ("method", "method", lambda r: esc(r["method"])),
+                        ("staleness", "k", None),
+                        ("tau_policy_from", "τ_p from", None),
+                        ("tau_policy_to", "τ_p to", None),
+                        ("tau_advantage_a", "τ_a = a", None),
+                        ("tau_advantage_b", "τ_a = b", None),
+                        (
+                            "effect_a",
+                            "effect at a",
+                            lambda r: f"{r['effect_a']:+.3f} [{num(r['effect_a_low'])}, {num(r['effect_a_high'])}]",
+                        ),
+                        (
+                            "effect_b",
+                            "effect at b",
+                            lambda r: f"{r['effect_b']:+.3f} [{num(r['effect_b_low'])}, {num(r['effect_b_high'])}]",
+                        ),
+                        (
+                            "contrast",
+                            "contrast",
+                            lambda r: f"{r['contrast']:+.3f} [{num(r['contrast_low'])}, {num(r['contrast_high'])}]",
+                        ),
+                        (
+                            "reversal",
+                            "reversal",
+                            lambda r: (
+                                '<b class="bad">significant</b>'
+                                if r["significant_reversal"]
+                                else ("point estimate" if r["reversal"] else "no")
+                            ),
+                        ),
+                    ],
+                    "coupling",
+                )
+            )
         parts += ["<h2>High-performing region</h2>", figure_div(figures.region_bars(region), "region")]
-    parts += ["<h2>Method comparison</h2>", table(methods, [
-        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None), ("n_runs", "runs", None),
-        ("final_mean", "final acc (all)", None), ("peak_mean", "peak acc (all)", None),
-        ("collapse_rate", "collapse rate (all)", None), ("best_tau_policy", "best τ_p", None),
-        ("best_tau_advantage", "best τ_a", None), ("best_final_mean", "final acc (best cell)", None),
-        ("best_peak_mean", "peak acc (best cell)", None), ("best_collapse_rate", "collapse rate (best cell)", None)],
-        "methods")]
+    parts += [
+        "<h2>Method comparison</h2>",
+        table(
+            methods,
+            [
+                ("method", "method", lambda r: esc(r["method"])),
+                ("staleness", "k", None),
+                ("n_runs", "runs", None),
+                ("final_mean", "final acc (all)", None),
+                ("peak_mean", "peak acc (all)", None),
+                ("collapse_rate", "collapse rate (all)", None),
+                ("best_tau_policy", "best τ_p", None),
+                ("best_tau_advantage", "best τ_a", None),
+                ("best_final_mean", "final acc (best cell)", None),
+                ("best_peak_mean", "peak acc (best cell)", None),
+                ("best_collapse_rate", "collapse rate (best cell)", None),
+            ],
+            "methods",
+        ),
+    ]
     if not curves.empty:
-        parts += ["<h2>Learning curves</h2>", figure_div(figures.learning_curves(runs, curves), "curves"),
-                  '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
-                  "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
-                  "rule on the training reward of every step gives the \"train collapse\" column: it sees falls "
-                  "between two evaluations that the held-out rule cannot.</p>",
-                  "<h2>Stability diagnostics</h2>", figure_div(figures.diagnostics(runs, curves), "diagnostics")]
-    parts += ["<h2>Step time</h2>", table(times, [
-        ("method", "method", lambda r: esc(r["method"])), ("staleness", "k", None),
-        ("runtime", "runtime", lambda r: esc(r["runtime"])), ("n_runs", "runs", None), ("rollout_s", "rollout s", None),
-        ("train_s", "learner s", None), ("step_s", "step s", None), ("speedup_vs_sync", "speed-up vs k=0", None),
-        ("learner_vs_baseline", f"learner time / {data.baseline}", None)], "step-times"),
+        parts += [
+            "<h2>Learning curves</h2>",
+            figure_div(figures.learning_curves(runs, curves), "curves"),
+            '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
+            "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
+            'rule on the training reward of every step gives the "train collapse" column: it sees falls '
+            "between two evaluations that the held-out rule cannot.</p>",
+            "<h2>Stability diagnostics</h2>",
+            figure_div(figures.diagnostics(runs, curves), "diagnostics"),
+        ]
+    parts += [
+        "<h2>Step time</h2>",
+        table(
+            times,
+            [
+                ("method", "method", lambda r: esc(r["method"])),
+                ("staleness", "k", None),
+                ("runtime", "runtime", lambda r: esc(r["runtime"])),
+                ("n_runs", "runs", None),
+                ("rollout_s", "rollout s", None),
+                ("train_s", "learner s", None),
+                ("step_s", "step s", None),
+                ("speedup_vs_sync", "speed-up vs k=0", None),
+                ("learner_vs_baseline", f"learner time / {data.baseline}", None),
+            ],
+            "step-times",
+        ),
         '<p class="note">Speed-up vs k = 0 compares step times of the same method and runtime. Trials of a sweep run '
         "in-process inside one Ray task each, so their lag is simulated and does not overlap sampling with training: "
         "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
-        f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>"]
+        f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>",
+    ]
     if not times.empty:
         parts.append(figure_div(figures.step_time_bars(times), "step-time"))
-    parts += ["<h2>All runs</h2>", table(runs, [
-        ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
-        ("sweep", "sweep", lambda r: esc(r["sweep"])), ("method", "method", lambda r: esc(r["method"])),
-        ("status", "status", lambda r: esc(r["status"])), ("tau_policy", "τ_p", None), ("tau_advantage", "τ_a", None), ("staleness", "k", None), ("seed", "seed", None),
-        ("objective", "objective", None), ("final_accuracy", "final", None), ("peak_accuracy", "peak", None),
-        ("collapsed", "collapse", lambda r: (f'<span class="bad">step {num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
-                                             if r["collapsed"] else "—")),
-        ("collapse_step_train", "train collapse", lambda r: num(r["collapse_step_train"], 0)),
-        ("critic_warmup_explained_var", "critic EV after warm-up", None),
-        ("critic_explained_var_first", "critic EV at step 1", None), ("kl_step_mean", "KL per step",
-                                                                  lambda r: "—" if math.isnan(r["kl_step_mean"])
-                                                                  else f"{r['kl_step_mean']:.2g}"),
-        ("ratio_in_band_mean", "tokens with ρ in [0.8, 1.25]", None),
-        ("ess_drop_count", "ESS drops", lambda r: num(r["ess_drop_count"], 0)),
-        ("grad_spike_count", "grad spikes", lambda r: num(r["grad_spike_count"], 0)),
-        ("fail_reason", "failure", lambda r: esc(r["fail_reason"]))], "runs")]
+    parts += [
+        "<h2>All runs</h2>",
+        table(
+            runs,
+            [
+                ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
+                ("sweep", "sweep", lambda r: esc(r["sweep"])),
+                ("method", "method", lambda r: esc(r["method"])),
+                ("status", "status", lambda r: esc(r["status"])),
+                ("tau_policy", "τ_p", None),
+                ("tau_advantage", "τ_a", None),
+                ("staleness", "k", None),
+                ("seed", "seed", None),
+                ("objective", "objective", None),
+                ("final_accuracy", "final", None),
+                ("peak_accuracy", "peak", None),
+                (
+                    "collapsed",
+                    "collapse",
+                    lambda r: (
+                        f'<span class="bad">step {num(r["collapse_step"], 0)} ({esc(r["collapse_reason"])})</span>'
+                        if r["collapsed"]
+                        else "—"
+                    ),
+                ),
+                ("collapse_step_train", "train collapse", lambda r: num(r["collapse_step_train"], 0)),
+                ("critic_warmup_explained_var", "critic EV after warm-up", None),
+                ("critic_explained_var_first", "critic EV at step 1", None),
+                (
+                    "kl_step_mean",
+                    "KL per step",
+                    lambda r: "—" if math.isnan(r["kl_step_mean"]) else f"{r['kl_step_mean']:.2g}",
+                ),
+                ("ratio_in_band_mean", "tokens with ρ in [0.8, 1.25]", None),
+                ("ess_drop_count", "ESS drops", lambda r: num(r["ess_drop_count"], 0)),
+                ("grad_spike_count", "grad spikes", lambda r: num(r["grad_spike_count"], 0)),
+                ("fail_reason", "failure", lambda r: esc(r["fail_reason"])),
+            ],
+            "runs",
+        ),
+    ]
     return page(data.title, parts, plotly_src)
 
 
@@ -243,11 +397,17 @@ def page(title: str, parts: list[str], plotly_src: str | None = None) -> str:
     """The whole document: `title` is escaped here, `parts` are HTML already. plotly.js is loaded from
     `plotly_src` (a file beside the page) when given, else inlined; tables of class `sortable` sort
     on a click of their header."""
-    script = (f'<script type="text/javascript" src="{html.escape(plotly_src, quote=True)}"></script>' if plotly_src
-              else f'<script type="text/javascript">{get_plotlyjs()}</script>')
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style>{script}</head><body>"
-            + "\n".join(parts) + f"<script>{_SORT}</script></body></html>\n")
+    script = (
+        f'<script type="text/javascript" src="{html.escape(plotly_src, quote=True)}"></script>'
+        if plotly_src
+        else f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>{script}</head><body>"
+        + "\n".join(parts)
+        + f"<script>{_SORT}</script></body></html>\n"
+    )
 
 
 def markdown_html(text: str) -> str:
@@ -257,9 +417,13 @@ def markdown_html(text: str) -> str:
     def flush() -> None:
         if rows:
             head, body = rows[0], [r for r in rows[2:]]
-            out.append('<table class="sortable"><thead><tr>' + "".join(f"<th>{html.escape(c)}</th>" for c in head)
-                       + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r)
-                                                          + "</tr>" for r in body) + "</tbody></table>")
+            out.append(
+                '<table class="sortable"><thead><tr>'
+                + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+                + "</tbody></table>"
+            )
             rows.clear()
 
     for line in text.splitlines():

@@ -9,65 +9,155 @@ from __future__ import annotations
 import pandas as pd
 
 _KIND_CHECKS = {
-    "str": lambda s: pd.api.types.is_string_dtype(s) or (s.dtype == object and s.map(lambda v: isinstance(v, str)).all()),
+    "str": lambda s: (
+        pd.api.types.is_string_dtype(s) or (s.dtype == object and s.map(lambda v: isinstance(v, str)).all())
+    ),
     "float": pd.api.types.is_float_dtype,
     "int": pd.api.types.is_integer_dtype,
     "bool": pd.api.types.is_bool_dtype,
 }
 
 RUNS = {
-    "run_id": "str", "run_name": "str", "sweep": "str", "status": "str", "method": "str", "runtime": "str",
-    "tau_policy": "float", "tau_advantage": "float", "staleness": "int", "seed": "int",
+    "run_id": "str",
+    "run_name": "str",
+    "sweep": "str",
+    "status": "str",
+    "method": "str",
+    "runtime": "str",
+    "tau_policy": "float",
+    "tau_advantage": "float",
+    "staleness": "int",
+    "seed": "int",
     "scored": "bool",  # the run finished training and has an objective
-    "objective": "float", "final_accuracy": "float", "peak_accuracy": "float", "auc_accuracy": "float",
-    "warm_start_accuracy": "float", "collapsed": "bool", "collapse_step": "float", "collapse_reason": "str",
+    "objective": "float",
+    "final_accuracy": "float",
+    "peak_accuracy": "float",
+    "auc_accuracy": "float",
+    "warm_start_accuracy": "float",
+    "collapsed": "bool",
+    "collapse_step": "float",
+    "collapse_reason": "str",
     "collapse_step_train": "float",  # the collapse rule on the per-step training reward
-    "ess_drop_count": "float", "grad_spike_count": "float",
+    "ess_drop_count": "float",
+    "grad_spike_count": "float",
     "first_warning_step": "float",  # the first ESS-drop or grad-norm-spike step (NaN: none)
-    "mean_step_s": "float", "mean_rollout_s": "float",
-    "mean_train_s": "float", "staleness_mean": "float", "staleness_max": "float", "staleness_updates_mean": "float",
-    "kl_step_mean": "float", "ratio_in_band_mean": "float", "log_ratio_p01_mean": "float",
-    "log_ratio_p99_mean": "float", "critic_explained_var_first": "float", "critic_warmup_explained_var": "float",
-    "fail_reason": "str", "url": "str",
+    "mean_step_s": "float",
+    "mean_rollout_s": "float",
+    "mean_train_s": "float",
+    "staleness_mean": "float",
+    "staleness_max": "float",
+    "staleness_updates_mean": "float",
+    "kl_step_mean": "float",
+    "ratio_in_band_mean": "float",
+    "log_ratio_p01_mean": "float",
+    "log_ratio_p99_mean": "float",
+    "critic_explained_var_first": "float",
+    "critic_warmup_explained_var": "float",
+    "fail_reason": "str",
+    "url": "str",
 }
 
 CURVES = {"run_id": "str", "metric": "str", "step": "int", "value": "float"}
 
 CELLS = {
-    "method": "str", "staleness": "int", "tau_policy": "float", "tau_advantage": "float", "n": "int",
-    "mean": "float", "sd": "float", "ci_low": "float", "ci_high": "float", "collapse_rate": "float",
-    "final_mean": "float", "peak_mean": "float",
+    "method": "str",
+    "staleness": "int",
+    "tau_policy": "float",
+    "tau_advantage": "float",
+    "n": "int",
+    "mean": "float",
+    "sd": "float",
+    "ci_low": "float",
+    "ci_high": "float",
+    "collapse_rate": "float",
+    "final_mean": "float",
+    "peak_mean": "float",
 }
 
 COUPLING = {
-    "method": "str", "staleness": "int", "tau_policy_from": "float", "tau_policy_to": "float",
-    "tau_advantage_a": "float", "tau_advantage_b": "float", "n_min": "int",
-    "effect_a": "float", "effect_a_low": "float", "effect_a_high": "float",
-    "effect_b": "float", "effect_b_low": "float", "effect_b_high": "float",
-    "contrast": "float", "contrast_low": "float", "contrast_high": "float",
-    "reversal": "bool", "significant_reversal": "bool", "significant_interaction": "bool",
+    "method": "str",
+    "staleness": "int",
+    "tau_policy_from": "float",
+    "tau_policy_to": "float",
+    "tau_advantage_a": "float",
+    "tau_advantage_b": "float",
+    "n_min": "int",
+    "effect_a": "float",
+    "effect_a_low": "float",
+    "effect_a_high": "float",
+    "effect_b": "float",
+    "effect_b_low": "float",
+    "effect_b_high": "float",
+    "contrast": "float",
+    "contrast_low": "float",
+    "contrast_high": "float",
+    "reversal": "bool",
+    "significant_reversal": "bool",
+    "significant_interaction": "bool",
 }
 
-INTERACTION = {"method": "str", "staleness": "int", "fraction": "float", "fraction_low": "float",
-               "fraction_high": "float", "n_min": "int"}
+INTERACTION = {
+    "method": "str",
+    "staleness": "int",
+    "fraction": "float",
+    "fraction_low": "float",
+    "fraction_high": "float",
+    "n_min": "int",
+}
 
-REGION = {"method": "str", "staleness": "int", "n_cells": "int", "n_within": "int", "fraction": "float",
-          "best": "float", "best_tau_policy": "float", "best_tau_advantage": "float"}
+REGION = {
+    "method": "str",
+    "staleness": "int",
+    "n_cells": "int",
+    "n_within": "int",
+    "fraction": "float",
+    "best": "float",
+    "best_tau_policy": "float",
+    "best_tau_advantage": "float",
+}
 
-METHODS = {"method": "str", "staleness": "int", "n_runs": "int", "collapse_rate": "float",
-           "final_mean": "float", "peak_mean": "float", "best_tau_policy": "float", "best_tau_advantage": "float",
-           "best_objective": "float", "best_final_mean": "float", "best_peak_mean": "float",
-           "best_collapse_rate": "float"}
+METHODS = {
+    "method": "str",
+    "staleness": "int",
+    "n_runs": "int",
+    "collapse_rate": "float",
+    "final_mean": "float",
+    "peak_mean": "float",
+    "best_tau_policy": "float",
+    "best_tau_advantage": "float",
+    "best_objective": "float",
+    "best_final_mean": "float",
+    "best_peak_mean": "float",
+    "best_collapse_rate": "float",
+}
 
-STEP_TIMES = {"method": "str", "staleness": "int", "runtime": "str", "n_runs": "int", "rollout_s": "float",
-              "train_s": "float", "step_s": "float", "speedup_vs_sync": "float", "learner_vs_baseline": "float"}
+STEP_TIMES = {
+    "method": "str",
+    "staleness": "int",
+    "runtime": "str",
+    "n_runs": "int",
+    "rollout_s": "float",
+    "train_s": "float",
+    "step_s": "float",
+    "speedup_vs_sync": "float",
+    "learner_vs_baseline": "float",
+}
 
-BIAS_VARIANCE = {"method": "str", "staleness": "float", "tau_policy": "float", "tau_advantage": "float",
-                 "bias_norm": "float", "policy_term": "float", "advantage_term": "float", "cross_term": "float",
-                 "variance": "float", "amplification": "float", "mse": "float"}
+BIAS_VARIANCE = {
+    "method": "str",
+    "staleness": "float",
+    "tau_policy": "float",
+    "tau_advantage": "float",
+    "bias_norm": "float",
+    "policy_term": "float",
+    "advantage_term": "float",
+    "cross_term": "float",
+    "variance": "float",
+    "amplification": "float",
+    "mse": "float",
+}
 
-OPTIMA = {"staleness": "float", "metric": "str", "tau_advantage": "float", "best_tau_policy": "float",
-          "value": "float"}
+OPTIMA = {"staleness": "float", "metric": "str", "tau_advantage": "float", "best_tau_policy": "float", "value": "float"}
 
 
 class SchemaError(ValueError):

@@ -23,8 +23,15 @@ BANDS = ("tau_policy", "tau_advantage")
 
 # a sweep's name keys the Optuna study, the MLflow parent run and the report's file: letters, digits and
 # . _ + = - (and inner spaces) only, so that it is safe in a filter string and a file name
-SweepName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+=-]*$",
-                                 description="letters, digits, . _ + = - and inner spaces")]
+SweepName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+=-]*$",
+        description="letters, digits, . _ + = - and inner spaces",
+    ),
+]
 MAX_GRID_POINTS = 100_000  # a grid larger than this is refused before it is built
 
 
@@ -39,13 +46,21 @@ class SweptMethod(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
-    name: str = Field("copc", json_schema_extra={"enum": method_names()}, description="a registry method (`copc methods`)")
-    tau_policy: list[Band] | None = Field(None, min_length=1, description="τ_p values (None: the method's own, "
-                                                                          "or none if it has no τ_p)")
+    name: str = Field(
+        "copc", json_schema_extra={"enum": method_names()}, description="a registry method (`copc methods`)"
+    )
+    tau_policy: list[Band] | None = Field(
+        None, min_length=1, description="τ_p values (None: the method's own, or none if it has no τ_p)"
+    )
     tau_advantage: list[Band] | None = Field(None, min_length=1, description="τ_a values (None: as τ_p)")
     anchor: Anchor | None = Field(None, description="reading of the trust region's anchor (None: the method's)")
-    label: str | None = Field(None, min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_.\[\]=+ -]+$",
-                              description="name in tables and the report (default: name, with [anchor] if set)")
+    label: str | None = Field(
+        None,
+        min_length=1,
+        max_length=60,
+        pattern=r"^[A-Za-z0-9_.\[\]=+ -]+$",
+        description="name in tables and the report (default: name, with [anchor] if set)",
+    )
 
     _distinct_bands = field_validator("tau_policy", "tau_advantage")(classmethod(lambda cls, v: _distinct(v)))
 
@@ -78,13 +93,18 @@ class SweepSpace(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
-    methods: list[SweptMethod] = Field(default_factory=lambda: [SweptMethod(tau_policy=[1.5, 2.0, 4.0],
-                                                                            tau_advantage=[1.0, 2.0, 4.0])],
-                                       min_length=1, max_length=100)
+    methods: list[SweptMethod] = Field(
+        default_factory=lambda: [SweptMethod(tau_policy=[1.5, 2.0, 4.0], tau_advantage=[1.0, 2.0, 4.0])],
+        min_length=1,
+        max_length=100,
+    )
     staleness: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=lambda: [0, 4], min_length=1)
-    schedule: Literal["lag", "bounded"] = Field("lag", description="lag: staleness values are controlled lags k; "
-                                                                   "bounded: they are staleness bounds η (free-"
-                                                                   "running sampling on the Ray runtime)")
+    schedule: Literal["lag", "bounded"] = Field(
+        "lag",
+        description="lag: staleness values are controlled lags k; "
+        "bounded: they are staleness bounds η (free-"
+        "running sampling on the Ray runtime)",
+    )
     seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0], min_length=1)
     steps: int = Field(60, ge=1, le=1_000_000)
     objective: Literal["final", "peak", "auc"] = "final"
@@ -148,16 +168,30 @@ class SweepSpace(BaseModel):
 
     def grid(self) -> list[dict[str, Any]]:
         """Every point: {method, tau_policy, tau_advantage, staleness, seed}; a band the method lacks is None."""
-        return [{"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
-                for m in self.methods for tp, ta in m.bands() for k in m.lags(self.staleness) for s in self.seeds]
+        return [
+            {"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
+            for m in self.methods
+            for tp, ta in m.bands()
+            for k in m.lags(self.staleness)
+            for s in self.seeds
+        ]
 
     def run_config(self, base: RunConfig, point: dict[str, Any]) -> RunConfig:
         entry = self.method(point["method"])
         lag = "train.staleness" if self.schedule == "lag" else "train.eta"
         reading = {"method.anchor": entry.anchor} if entry.anchor else {}
-        return with_overrides(base, {"method.name": entry.name, "method.tau_policy": point["tau_policy"],
-                                     "method.tau_advantage": point["tau_advantage"], **reading,
-                                     lag: point["staleness"], "train.seed": point["seed"], "train.steps": self.steps})
+        return with_overrides(
+            base,
+            {
+                "method.name": entry.name,
+                "method.tau_policy": point["tau_policy"],
+                "method.tau_advantage": point["tau_advantage"],
+                **reading,
+                lag: point["staleness"],
+                "train.seed": point["seed"],
+                "train.steps": self.steps,
+            },
+        )
 
     def score(self, summary: RunSummary) -> float:
         """The objective of one run: final / peak / auc held-out accuracy, minus the penalty when it collapsed."""
@@ -171,8 +205,9 @@ def objective_value(summary: RunSummary, objective: str, collapse_penalty: float
 
 def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
     """A run's name: `copc tp=2 ta=1 k=4 s=0` (bands the method lacks left out)."""
-    bands = "".join(f" {short}={point[b]:g}" for short, b in (("tp", "tau_policy"), ("ta", "tau_advantage"))
-                    if point[b] is not None)
+    bands = "".join(
+        f" {short}={point[b]:g}" for short, b in (("tp", "tau_policy"), ("ta", "tau_advantage")) if point[b] is not None
+    )
     lag = "k" if schedule == "lag" else "eta"
     return f"{point['method']}{bands} {lag}={point['staleness']} s={point['seed']}"
 

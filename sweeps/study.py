@@ -32,10 +32,12 @@ from sweeps.space import SweepSpace
 FAIL_REASON = "fail_reason"
 METHOD = "method"  # user attribute: the point's method (its key in the sweep space)
 MANAGED = "heartbeat_managed"  # user attribute of every trial whose liveness the storage's heartbeat tells
-DISTRIBUTIONS = {"tau_policy": optuna.distributions.FloatDistribution(1.0, float("inf")),
-                 "tau_advantage": optuna.distributions.FloatDistribution(1.0, float("inf")),
-                 "staleness": optuna.distributions.IntDistribution(0, 1024),
-                 "seed": optuna.distributions.IntDistribution(0, 2**31 - 1)}
+DISTRIBUTIONS = {
+    "tau_policy": optuna.distributions.FloatDistribution(1.0, float("inf")),
+    "tau_advantage": optuna.distributions.FloatDistribution(1.0, float("inf")),
+    "staleness": optuna.distributions.IntDistribution(0, 1024),
+    "seed": optuna.distributions.IntDistribution(0, 2**31 - 1),
+}
 HEARTBEAT_S = 5  # a live sweep records each running trial's heartbeat this often
 GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone
 
@@ -67,20 +69,28 @@ def open_study(name: str, storage: str, sampler: str = "grid") -> SweepStudy:
     """Create or load `name` in `storage` (an Optuna RDB URL; SQLite by default), heartbeats on."""
     # grid points reach the study as enqueued trials with every parameter fixed, so in grid mode the sampler
     # never proposes a value (Optuna's GridSampler, given such trials, fails on a one-point grid: KeyError 'grid_id')
-    samplers = {"grid": lambda: optuna.samplers.RandomSampler(seed=0),
-                "tpe": lambda: optuna.samplers.TPESampler(seed=0)}
+    samplers = {
+        "grid": lambda: optuna.samplers.RandomSampler(seed=0),
+        "tpe": lambda: optuna.samplers.TPESampler(seed=0),
+    }
     if sampler not in samplers:
         raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(samplers)}")
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-    study = optuna.create_study(study_name=name, storage=rdb, direction="maximize", load_if_exists=True,
-                                sampler=samplers[sampler]())
-    old = [t.number for t in study.get_trials(deepcopy=False)
-           if any(isinstance(d, optuna.distributions.CategoricalDistribution) for d in t.distributions.values())]
+    study = optuna.create_study(
+        study_name=name, storage=rdb, direction="maximize", load_if_exists=True, sampler=samplers[sampler]()
+    )
+    old = [
+        t.number
+        for t in study.get_trials(deepcopy=False)
+        if any(isinstance(d, optuna.distributions.CategoricalDistribution) for d in t.distributions.values())
+    ]
     if old:
-        raise StudyFormatError(f"study {name!r} in {storage} was written by an older copc (categorical parameters, "
-                               f"trials {old[:5]}...): it cannot grow; run this sweep under a new name")
+        raise StudyFormatError(
+            f"study {name!r} in {storage} was written by an older copc (categorical parameters, "
+            f"trials {old[:5]}...): it cannot grow; run this sweep under a new name"
+        )
     return SweepStudy(study, rdb)
 
 
@@ -96,15 +106,25 @@ STALE_REASON = f"interrupted: its sweep process stopped (no heartbeat for {GRACE
 def point_key(point: dict[str, Any]) -> tuple:
     """A point's identity: (method, τ_p, τ_a, staleness, seed), a band the method lacks as None."""
     band = lambda v: None if v is None else float(v)  # noqa: E731
-    return (point["method"], band(point.get("tau_policy")), band(point.get("tau_advantage")),
-            int(point["staleness"]), int(point["seed"]))
+    return (
+        point["method"],
+        band(point.get("tau_policy")),
+        band(point.get("tau_advantage")),
+        int(point["staleness"]),
+        int(point["seed"]),
+    )
 
 
 def trial_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The point a trial ran (the inverse of how `run_study` asks it)."""
     p = trial.params
-    return {"method": trial.user_attrs.get(METHOD, "?"), "tau_policy": p.get("tau_policy"),
-            "tau_advantage": p.get("tau_advantage"), "staleness": p.get("staleness"), "seed": p.get("seed")}
+    return {
+        "method": trial.user_attrs.get(METHOD, "?"),
+        "tau_policy": p.get("tau_policy"),
+        "tau_advantage": p.get("tau_advantage"),
+        "staleness": p.get("staleness"),
+        "seed": p.get("seed"),
+    }
 
 
 def _trial_key(trial: optuna.trial.FrozenTrial) -> tuple | None:
@@ -168,9 +188,11 @@ class _Heartbeats:
         self.thread.join()
 
 
-def run_study(sweep: SweepStudy, points: list[dict[str, Any]],
-              run_points: Callable[[list[dict[str, Any]], Callable[[int, TrialResult | BaseException], None]], None],
-              ) -> list[TrialOutcome]:
+def run_study(
+    sweep: SweepStudy,
+    points: list[dict[str, Any]],
+    run_points: Callable[[list[dict[str, Any]], Callable[[int, TrialResult | BaseException], None]], None],
+) -> list[TrialOutcome]:
     """Ask one trial per point and run them (in parallel, by `run_points`); each trial is told the
     moment its run ends (`on_result(i, result_or_exception)`, the result scored already), so a sweep
     killed midway keeps every finished trial. Every asked trial carries a heartbeat until it is told."""
@@ -205,10 +227,15 @@ def run_study(sweep: SweepStudy, points: list[dict[str, Any]],
                 if result.objective is None:
                     raise ValueError("a trial result reaches the study scored (TrialResult.objective)")
                 s = result.summary
-                for key, value in {"mlflow_run_id": result.mlflow_run_id, FAIL_REASON: "",
-                                   "final_accuracy": s.final_accuracy, "peak_accuracy": s.peak_accuracy,
-                                   "auc_accuracy": s.auc_accuracy, "collapsed": s.collapsed,
-                                   "collapse_step": s.collapse_step}.items():
+                for key, value in {
+                    "mlflow_run_id": result.mlflow_run_id,
+                    FAIL_REASON: "",
+                    "final_accuracy": s.final_accuracy,
+                    "peak_accuracy": s.peak_accuracy,
+                    "auc_accuracy": s.auc_accuracy,
+                    "collapsed": s.collapsed,
+                    "collapse_step": s.collapse_step,
+                }.items():
                     trial.set_user_attr(key, value)
                 study.tell(trial, result.objective)
                 out[i] = TrialOutcome(points[i], "COMPLETE", result.objective, result=result)

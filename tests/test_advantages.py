@@ -29,6 +29,7 @@ def batch(B, T, seed=0, p_env=0.3, dtype=torch.float64, log_ratio_scale=0.7):
 
 # ---------------- the shared kernel ----------------
 
+
 @pytest.mark.parametrize("T", [1, 7, 32, 33, 100, 1025, 1100])
 def test_scan_matches_loop_including_zeros_and_multi_level_recursion(T):
     g = torch.Generator().manual_seed(T)
@@ -55,6 +56,7 @@ def test_scan_rejects_bad_shapes():
 
 
 # ---------------- hand-derived values ----------------
+
 
 def test_gae_hand_derived_with_environment_token():
     # t = 1 is an environment token (tool output): skipped; its reward 5 and value 9 are inert.
@@ -105,6 +107,7 @@ def test_bootstrap_value_for_truncated_sequences():
 
 # ---------------- vectorised vs loop references ----------------
 
+
 @pytest.mark.parametrize("T,seed", [(5, 0), (40, 1), (257, 2), (1100, 3)])
 @pytest.mark.parametrize("tau,one_sided,traced", [(1.5, False, True), (3.0, False, False), (1.2, True, True)])
 def test_copc_matches_loop_reference(T, seed, tau, one_sided, traced):
@@ -137,6 +140,7 @@ def test_float32_large_batch_matches_float64_loop():
 
 # ---------------- reductions ----------------
 
+
 def test_tau_one_is_exactly_gae():
     rewards, values, mask, log_ratio = batch(6, 90, seed=11)
     gae = gae_advantages(rewards, values, mask, 0.99, 0.9)
@@ -166,8 +170,14 @@ def test_one_sided_clip_is_vtrace(lam):
     out = vtrace_advantages(rewards, values, mask, log_ratio, gamma, lam, c_bar=1.0, bootstrap_value=boot)
     for i in range(3):
         v_t = torch.cat([values[i, 1:], boot[i : i + 1]])
-        targets, pg_adv = rlax_vtrace(values[i], v_t, rewards[i], torch.full((T,), gamma, dtype=torch.float64),
-                                      torch.exp(log_ratio[i]), lambda_=lam)
+        targets, pg_adv = rlax_vtrace(
+            values[i],
+            v_t,
+            rewards[i],
+            torch.full((T,), gamma, dtype=torch.float64),
+            torch.exp(log_ratio[i]),
+            lambda_=lam,
+        )
         torch.testing.assert_close(out.returns[i], targets, **F64)
         rho_bar = torch.clamp(torch.exp(log_ratio[i]), max=1.0)
         torch.testing.assert_close(rho_bar * out.advantages[i], pg_adv, **F64)
@@ -182,13 +192,16 @@ def test_gamma_lambda_zero_gives_one_step_td():
 
 # ---------------- invariances ----------------
 
+
 def test_values_rewards_and_ratios_at_environment_tokens_change_nothing():
     rewards, values, mask, log_ratio = batch(5, 77, seed=3)
     env = mask == 0
     noisy = [x.masked_fill(env, 1e6) for x in (rewards, values, log_ratio)]
-    for fn in (lambda r, v, lr: gae_advantages(r, v, mask, 0.99, 0.9),
-               lambda r, v, lr: copc_advantages(r, v, mask, lr, 0.99, 0.9, 3.0),
-               lambda r, v, lr: vtrace_advantages(r, v, mask, lr, 0.99, 0.9)):
+    for fn in (
+        lambda r, v, lr: gae_advantages(r, v, mask, 0.99, 0.9),
+        lambda r, v, lr: copc_advantages(r, v, mask, lr, 0.99, 0.9, 3.0),
+        lambda r, v, lr: vtrace_advantages(r, v, mask, lr, 0.99, 0.9),
+    ):
         clean, dirty = fn(rewards, values, log_ratio), fn(*noisy)
         assert torch.equal(clean.advantages, dirty.advantages)
         assert torch.equal(clean.returns, dirty.returns)
@@ -238,6 +251,7 @@ def test_input_validation():
 
 
 # ---------------- whitening ----------------
+
 
 def test_masked_whiten_over_policy_tokens():
     x, _, mask, _ = batch(4, 30, seed=8)

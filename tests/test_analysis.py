@@ -17,8 +17,15 @@ from copc_core.analysis.token_mdp import (
 )
 from copc_core.config import MethodConfig
 
-CASES = [("copc", {"tau_policy": 2.0, "tau_advantage": 2.0}), ("copc", {"tau_policy": 1.5, "tau_advantage": 4.0}),
-         ("tis", {}), ("async_ppo", {}), ("vtrace", {}), ("icepop", {}), ("m2po", {})]
+CASES = [
+    ("copc", {"tau_policy": 2.0, "tau_advantage": 2.0}),
+    ("copc", {"tau_policy": 1.5, "tau_advantage": 4.0}),
+    ("tis", {}),
+    ("async_ppo", {}),
+    ("vtrace", {}),
+    ("icepop", {}),
+    ("m2po", {}),
+]
 
 
 @pytest.mark.parametrize("name,kw", CASES)
@@ -42,8 +49,15 @@ def test_true_gradient_matches_reinforce_over_whole_trajectories():
     assert torch.allclose(r["g_star"], grad.reshape(-1), atol=1e-13, rtol=0)
 
 
-@pytest.mark.parametrize("name,kw", [("copc", {"tau_policy": 2.0, "tau_advantage": 2.0}),
-                                     ("copc", {"tau_policy": 1.2, "tau_advantage": 1.0}), ("sync_ppo", {}), ("tis", {})])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("copc", {"tau_policy": 2.0, "tau_advantage": 2.0}),
+        ("copc", {"tau_policy": 1.2, "tau_advantage": 1.0}),
+        ("sync_ppo", {}),
+        ("tis", {}),
+    ],
+)
 def test_on_policy_with_an_exact_critic_is_unbiased(name, kw):
     r = decompose(make_mdp(seed=3), MethodConfig(name=name, **kw), 0.0, 0.0)
     assert r["bias_norm"] < 1e-13
@@ -104,8 +118,9 @@ def test_amplification_term_matches_a_brute_force_loop():
 def test_closed_form_score_matches_autograd():
     mdp = make_mdp(vocab=3, horizon=3, seed=8)
     tokens = mdp.trajectories()
-    jac = torch.autograd.functional.jacobian(lambda th: token_log_probs(mdp, th.view_as(mdp.theta), tokens).reshape(-1),
-                                             mdp.theta.reshape(-1))
+    jac = torch.autograd.functional.jacobian(
+        lambda th: token_log_probs(mdp, th.view_as(mdp.theta), tokens).reshape(-1), mdp.theta.reshape(-1)
+    )
     assert torch.allclose(grad_log_probs(mdp, mdp.theta, tokens), jac.view(*tokens.shape, -1), atol=1e-14, rtol=0)
 
 
@@ -115,5 +130,7 @@ def test_state_values_are_the_recursion():
     pi = torch.softmax(mdp.theta, -1)
     # nodes: 0 = (), 1 = (0,), 2 = (1,); trajectory index = 2·y0 + y1
     for node, y0 in ((1, 0), (2, 1)):
-        assert float(v[node]) == pytest.approx(float(pi[node, 0] * mdp.reward[2 * y0] + pi[node, 1] * mdp.reward[2 * y0 + 1]))
+        assert float(v[node]) == pytest.approx(
+            float(pi[node, 0] * mdp.reward[2 * y0] + pi[node, 1] * mdp.reward[2 * y0 + 1])
+        )
     assert float(v[0]) == pytest.approx(float(pi[0, 0] * v[1] + pi[0, 1] * v[2]))

@@ -19,9 +19,21 @@ def records(metric_fn, staleness=(0.5,)):
     rows = []
     for eps, tp, ta in itertools.product(staleness, TP, TA):
         v = metric_fn(eps, tp, ta)
-        rows.append({"method": "copc", "staleness": eps, "tau_policy": tp, "tau_advantage": ta, "bias_norm": v,
-                     "policy_term": v / 2, "advantage_term": v / 3, "cross_term": v / 6, "variance": v + 1.0,
-                     "amplification": v / 10, "mse": v + 2.0})
+        rows.append(
+            {
+                "method": "copc",
+                "staleness": eps,
+                "tau_policy": tp,
+                "tau_advantage": ta,
+                "bias_norm": v,
+                "policy_term": v / 2,
+                "advantage_term": v / 3,
+                "cross_term": v / 6,
+                "variance": v + 1.0,
+                "amplification": v / 10,
+                "mse": v + 2.0,
+            }
+        )
     return rows
 
 
@@ -102,8 +114,23 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     from copc_core.config import MethodConfig
 
     out = tmp_path / "bv" / "analysis.html"
-    args = ["analyze", "--tau-policy", "1.25,2,inf", "--tau-advantage", "1.5,3", "--staleness", "0,0.8",
-            "--critic-error", "0", "--vocab", "2", "--horizon", "3", "--out", str(out)]
+    args = [
+        "analyze",
+        "--tau-policy",
+        "1.25,2,inf",
+        "--tau-advantage",
+        "1.5,3",
+        "--staleness",
+        "0,0.8",
+        "--critic-error",
+        "0",
+        "--vocab",
+        "2",
+        "--horizon",
+        "3",
+        "--out",
+        str(out),
+    ]
     res = copc(*args, data_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"HTML report: {out}" in res.stdout
@@ -115,21 +142,25 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     on_policy = [p for p in saved["points"] if p["staleness"] == 0.0]
     assert all(p["bias_norm"] < 1e-13 for p in on_policy)  # exact critic, on-policy: unbiased at every τ
     point = next(p for p in saved["points"] if p["staleness"] == 0.8 and p["tau_policy"] == 2.0)
-    exact = decompose(make_mdp(2, 3, 0), MethodConfig(name="copc", tau_policy=2.0, tau_advantage=point["tau_advantage"]),
-                      0.8, 0.0)
+    exact = decompose(
+        make_mdp(2, 3, 0), MethodConfig(name="copc", tau_policy=2.0, tau_advantage=point["tau_advantage"]), 0.8, 0.0
+    )
     assert point["bias_norm"] == pytest.approx(exact["bias_norm"], rel=1e-12)
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') == 4 and "∞" in page
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--tau-policy", "1.5,x"], "--tau-policy takes comma-separated numbers"),
-    (["--tau-policy", "0.9"], "every τ must be ≥ 1"),
-    (["--method", "tis"], "has no tau_policy"),
-    (["--vocab", "8", "--horizon", "6"], "at most 5000"),
-    (["--staleness", "0.5,0.5"], "distinct"),
-    (["--batch-size", "0"], "batch_size"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tau-policy", "1.5,x"], "--tau-policy takes comma-separated numbers"),
+        (["--tau-policy", "0.9"], "every τ must be ≥ 1"),
+        (["--method", "tis"], "has no tau_policy"),
+        (["--vocab", "8", "--horizon", "6"], "at most 5000"),
+        (["--staleness", "0.5,0.5"], "distinct"),
+        (["--batch-size", "0"], "batch_size"),
+    ],
+)
 def test_bad_analysis_arguments_exit_2(tmp_path, args, needle):
     res = copc("analyze", *args, "--out", str(tmp_path / "a.html"), data_dir=tmp_path)
     assert res.returncode == 2 and needle in res.stderr, res.stderr

@@ -55,8 +55,10 @@ def test_save_writes_a_digest_and_keeps_the_previous_checkpoint(tmp_path):
     save_checkpoint(path, _state(2.0))
     assert load_checkpoint(path)["step"] == 2
     assert torch.load(previous_path(path), weights_only=True)["step"] == 1
-    assert digest_path(previous_path(path)).read_text().strip() == hashlib.sha256(
-        previous_path(path).read_bytes()).hexdigest()
+    assert (
+        digest_path(previous_path(path)).read_text().strip()
+        == hashlib.sha256(previous_path(path).read_bytes()).hexdigest()
+    )
 
 
 @pytest.mark.parametrize("damage", ["flip 4 KB", "truncate", "empty", "no digest"])

@@ -15,12 +15,22 @@ NOISE = {0: -0.01, 1: 0.0, 2: 0.01}  # per seed: a tight spread, so intervals ar
 
 def row(method, tp, ta, k, seed, acc, collapsed=False, collapse_step=None, ess=(), spikes=()):
     band = lambda v: math.inf if v is None else float(v)  # noqa: E731  (a method without the band: ∞ in frames)
-    return {"method": method, "tau_policy": band(tp), "tau_advantage": band(ta), "staleness": k, "seed": seed,
-            "scored": True, "objective": acc + NOISE[seed] - (0.5 if collapsed else 0.0),
-            "final_accuracy": acc + NOISE[seed], "peak_accuracy": max(acc + NOISE[seed], 0.6), "collapsed": collapsed,
-            "collapse_step": math.nan if collapse_step is None else float(collapse_step),
-            "first_warning_step": float(min([*ess, *spikes], default=math.nan)),
-            "ess_drop_count": float(len(ess)), "grad_spike_count": float(len(spikes))}
+    return {
+        "method": method,
+        "tau_policy": band(tp),
+        "tau_advantage": band(ta),
+        "staleness": k,
+        "seed": seed,
+        "scored": True,
+        "objective": acc + NOISE[seed] - (0.5 if collapsed else 0.0),
+        "final_accuracy": acc + NOISE[seed],
+        "peak_accuracy": max(acc + NOISE[seed], 0.6),
+        "collapsed": collapsed,
+        "collapse_step": math.nan if collapse_step is None else float(collapse_step),
+        "first_warning_step": float(min([*ess, *spikes], default=math.nan)),
+        "ess_drop_count": float(len(ess)),
+        "grad_spike_count": float(len(spikes)),
+    }
 
 
 def test_the_claims_preset_is_one_sweep_of_the_grid_ablations_and_baselines():
@@ -53,17 +63,28 @@ def constructed_rows():
             for m in ["async_ppo", "decoupled_ppo", "icepop"]:
                 rows.append(row(m, None, None, k, seed, 0.3))
             rows.append(row("tis", None, None, k, seed, 0.9 if k == 4 else 0.3))
-            rows.append(row("vtrace", None, None, k, seed, 0.0 if k == 64 else 0.3, collapsed=k == 64,
-                            collapse_step=30 if k == 64 else None, ess=[20] if k == 64 else []))
+            rows.append(
+                row(
+                    "vtrace",
+                    None,
+                    None,
+                    k,
+                    seed,
+                    0.0 if k == 64 else 0.3,
+                    collapsed=k == 64,
+                    collapse_step=30 if k == 64 else None,
+                    ess=[20] if k == 64 else [],
+                )
+            )
     return rows
 
 
 def rows(text: str, heading: str) -> list[list[str]]:
     """The rows of the first Markdown table after `heading`."""
-    lines = text[text.index(heading):].splitlines()
+    lines = text[text.index(heading) :].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|---"))
     out = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("|"):
             break
         out.append([c.strip() for c in line.strip().strip("|").split("|")])
@@ -92,11 +113,14 @@ def test_claim_tables_find_the_known_reversal_and_the_better_baseline():
     assert stability["vtrace"][2] == "3 (100%)" and stability["vtrace"][5] == "3" and stability["vtrace"][6] == "3/3"
     assert stability["copc"][2] == "0 (0%)"
     region = table(text, "#### High-performing")
-    head = text[text.index("| k | best of these"):].splitlines()[0].strip().strip("|").split("|")
+    head = text[text.index("| k | best of these") :].splitlines()[0].strip().strip("|").split("|")
     col = {h.strip(): i for i, h in enumerate(head)}
     # best of the three at k = 4 is COPC's 0.8: 2 of its 9 cells reach 0.72, no ablation cell does
     assert region["4"][1] == "0.80" and region["4"][col["copc"]] == "2/9 (22%)"
-    assert region["4"][col["copc_policy_only"]].startswith("0/3") and region["4"][col["copc_advantage_only"]].startswith("0/3")
-    # at k = 64 COPC's flat 0.5 is the best; its 9 cells are within 90 %, advantage-only's 0.45 too, policy-only's 0.40 not
+    assert region["4"][col["copc_policy_only"]].startswith("0/3") and region["4"][
+        col["copc_advantage_only"]
+    ].startswith("0/3")
+    # at k = 64 COPC's flat 0.5 is the best; its 9 cells are within 90 %, advantage-only's 0.45 too,
+    # policy-only's 0.40 not
     assert region["64"][col["copc"]] == "9/9 (100%)" and region["64"][col["copc_advantage_only"]].startswith("3/3")
     assert region["64"][col["copc_policy_only"]].startswith("0/3")

@@ -10,31 +10,35 @@ from tests.conftest import tiny_config
 
 def copc(*args, data_dir, timeout=300, **extra_env):
     env = dict(os.environ, COPC_DATA_DIR=str(data_dir), **extra_env)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--staleness", "-1"], "train.staleness"),
-    (["--method", "ppo9"], "valid methods: sync_ppo"),
-    (["--tau-policy", "0.5"], "method.tau_policy"),
-    (["--tau-advantage", "nan"], "method.tau_advantage"),
-    (["--method", "sync_ppo", "--staleness", "4"], "on-policy"),
-    (["--method", "tis", "--tau-policy", "2"], "has no tau_policy"),
-    (["--batch-size", "0"], "train.batch_size"),
-    (["--batch-size", "30"], "divisible by minibatches"),
-    (["--task", "maze"], "unknown task 'maze'"),
-    (["--preset", "huge"], "unknown run preset 'huge'; presets: embedded-default"),
-    (["--hf-model", ""], "model.hf_model"),
-    (["--device", "tpu"], "model.device"),
-    (["--rollout-workers", "0"], "resources.rollout_workers"),
-    (["--preset", "scale-out-qwen2.5-0.5b"], "needs a GPU machine"),
-    (["--anchor", "proximal"], "method.anchor"),
-    (["--lag", "sometimes"], "train.lag"),
-    (["--eta", "2", "--staleness", "4"], "two schedules"),
-    (["--eta", "-1"], "train.eta"),
-    (["--critic-warmup-steps", "-3"], "train.critic_warmup_steps"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--staleness", "-1"], "train.staleness"),
+        (["--method", "ppo9"], "valid methods: sync_ppo"),
+        (["--tau-policy", "0.5"], "method.tau_policy"),
+        (["--tau-advantage", "nan"], "method.tau_advantage"),
+        (["--method", "sync_ppo", "--staleness", "4"], "on-policy"),
+        (["--method", "tis", "--tau-policy", "2"], "has no tau_policy"),
+        (["--batch-size", "0"], "train.batch_size"),
+        (["--batch-size", "30"], "divisible by minibatches"),
+        (["--task", "maze"], "unknown task 'maze'"),
+        (["--preset", "huge"], "unknown run preset 'huge'; presets: embedded-default"),
+        (["--hf-model", ""], "model.hf_model"),
+        (["--device", "tpu"], "model.device"),
+        (["--rollout-workers", "0"], "resources.rollout_workers"),
+        (["--preset", "scale-out-qwen2.5-0.5b"], "needs a GPU machine"),
+        (["--anchor", "proximal"], "method.anchor"),
+        (["--lag", "sometimes"], "train.lag"),
+        (["--eta", "2", "--staleness", "4"], "two schedules"),
+        (["--eta", "-1"], "train.eta"),
+        (["--critic-warmup-steps", "-3"], "train.critic_warmup_steps"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
     out = copc("train", *args, data_dir=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -109,8 +113,21 @@ def test_train_flags_reach_the_config(tmp_path):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
     run_dir = tmp_path / "run"
-    out = copc("train", "--config", str(cfg_file), "--run-dir", str(run_dir), "--anchor", "interpolated", "--lag",
-               "uniform", "--separate-critic", "--critic-warmup-steps", "2", data_dir=tmp_path)
+    out = copc(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--run-dir",
+        str(run_dir),
+        "--anchor",
+        "interpolated",
+        "--lag",
+        "uniform",
+        "--separate-critic",
+        "--critic-warmup-steps",
+        "2",
+        data_dir=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     config = json.loads((run_dir / "config.json").read_text())
     assert config["method"]["anchor"] == "interpolated" and config["train"]["lag"] == "uniform"
@@ -126,8 +143,9 @@ def test_train_flags_reach_the_config(tmp_path):
 def test_tiny_run_on_the_ray_runtime(tmp_path):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
-    out = copc("train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"), "--runtime", "ray",
-               data_dir=tmp_path)
+    out = copc(
+        "train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"), "--runtime", "ray", data_dir=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps_completed"] == 2 and summary["staleness_max"] == 1.0
@@ -157,8 +175,9 @@ def test_train_task_search_switches_the_task_section(tmp_path):
     cfg = tiny_config(steps=1).model_copy(update={"warm_start": WarmStartConfig(steps=2, batch_size=8)})
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(cfg.model_dump_json())
-    out = copc("train", "--config", str(cfg_file), "--task", "search", "--run-dir", str(tmp_path / "run"),
-               data_dir=tmp_path)
+    out = copc(
+        "train", "--config", str(cfg_file), "--task", "search", "--run-dir", str(tmp_path / "run"), data_dir=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert "task search" in out.stdout
     written = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -166,17 +185,20 @@ def test_train_task_search_switches_the_task_section(tmp_path):
     assert written["train"] == cfg.model_dump(mode="json")["train"]  # the rest of the file is kept
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--methods", "tis", "--tau-policy", "2"], "no method of the sweep has that band"),
-    (["--methods", "nope"], "unknown method 'nope'"),
-    (["--methods", "copc[sideways]"], "anchor"),
-    (["--methods", "copc[behavior"], "is not NAME or NAME[ANCHOR]"),
-    (["--methods", "sync_ppo", "--staleness", "4"], "the grid is empty"),
-    (["--seeds", "0,x"], "--seeds takes comma-separated integers"),
-    (["--staleness", "-1"], "staleness"),
-    (["--tau-advantage", "0.5"], "tau_advantage"),
-    (["--max-parallel", "0"], "max-parallel"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--methods", "tis", "--tau-policy", "2"], "no method of the sweep has that band"),
+        (["--methods", "nope"], "unknown method 'nope'"),
+        (["--methods", "copc[sideways]"], "anchor"),
+        (["--methods", "copc[behavior"], "is not NAME or NAME[ANCHOR]"),
+        (["--methods", "sync_ppo", "--staleness", "4"], "the grid is empty"),
+        (["--seeds", "0,x"], "--seeds takes comma-separated integers"),
+        (["--staleness", "-1"], "staleness"),
+        (["--tau-advantage", "0.5"], "tau_advantage"),
+        (["--max-parallel", "0"], "max-parallel"),
+    ],
+)
 def test_sweep_axis_flags_are_checked_before_anything_runs(tmp_path, args, needle):
     out = copc("sweep", *args, data_dir=tmp_path)
     assert out.returncode == 2 and needle in out.stderr, out.stderr
@@ -221,8 +243,18 @@ def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path):
     assert (model_dir / "config.json").exists() and (model_dir / "tokenizer.json").exists()
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
-    out = copc("train", "--config", str(cfg_file), "--hf-model", str(model_dir), "--run-dir", str(tmp_path / "run"),
-               data_dir=tmp_path, timeout=600, HF_HUB_OFFLINE="1")
+    out = copc(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--hf-model",
+        str(model_dir),
+        "--run-dir",
+        str(tmp_path / "run"),
+        data_dir=tmp_path,
+        timeout=600,
+        HF_HUB_OFFLINE="1",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps_completed"] == 2 and summary["staleness_max"] == 1.0

@@ -57,10 +57,15 @@ def test_environment_tokens_are_never_kept_or_counted():
     lr = ratios(100.0, 0.001, 1.0)
     mask = torch.tensor([[0.0, 0.0, 1.0]], dtype=D)
     lr = lr * mask  # behavior_log_ratio's layout: 0 at environment tokens
-    for c in (ratio_band_correction(lr, mask, 0.5, 2.0, lr), truncated_ratio_correction(lr, mask, 2.0),
-              m2po_correction(lr, mask, 0.04, lr), no_correction(lr, mask),
-              sequence_truncated_correction(lr, mask, 2.0), sequence_band_correction(lr, mask, 0.0, 2.0, lr),
-              geometric_band_correction(lr, mask, 0.5, 2.0)):
+    for c in (
+        ratio_band_correction(lr, mask, 0.5, 2.0, lr),
+        truncated_ratio_correction(lr, mask, 2.0),
+        m2po_correction(lr, mask, 0.04, lr),
+        no_correction(lr, mask),
+        sequence_truncated_correction(lr, mask, 2.0),
+        sequence_band_correction(lr, mask, 0.0, 2.0, lr),
+        geometric_band_correction(lr, mask, 0.5, 2.0),
+    ):
         torch.testing.assert_close(c.keep, mask, rtol=0, atol=0)
         assert c.weight[0, :2].abs().sum() == 0
         assert (c.dropped_low + c.dropped_high)[0, :2].sum() == 0
@@ -125,17 +130,20 @@ def test_bad_bands_are_rejected():
 
 # ---- the three anchors (docs/ALGORITHMS.md §2) ----
 
+
 def test_anchor_interpolates_in_log_space_and_is_exact_at_both_ends():
     logp_old = torch.tensor([[-0.5, -2.0, -1.0]], dtype=D)
     logp_mu = torch.tensor([[-1.5, -1.0, -1.0]], dtype=D)
     assert torch.equal(anchor_log_prob(logp_old, logp_mu, 0.0), logp_mu)
     assert torch.equal(anchor_log_prob(logp_old, logp_mu, 1.0), logp_old)
     # α = 0.25: log μ + 0.25 (log π_old − log μ) = −1.5 + 0.25, −1.0 − 0.25, −1.0
-    torch.testing.assert_close(anchor_log_prob(logp_old, logp_mu, 0.25), torch.tensor([[-1.25, -1.25, -1.0]], dtype=D),
-                               rtol=0, atol=1e-15)
+    torch.testing.assert_close(
+        anchor_log_prob(logp_old, logp_mu, 0.25), torch.tensor([[-1.25, -1.25, -1.0]], dtype=D), rtol=0, atol=1e-15
+    )
     per_token = torch.tensor([[0.0, 1.0, 0.5]], dtype=D)
-    torch.testing.assert_close(anchor_log_prob(logp_old, logp_mu, per_token), torch.tensor([[-1.5, -2.0, -1.0]], dtype=D),
-                               rtol=0, atol=1e-15)
+    torch.testing.assert_close(
+        anchor_log_prob(logp_old, logp_mu, per_token), torch.tensor([[-1.5, -2.0, -1.0]], dtype=D), rtol=0, atol=1e-15
+    )
 
 
 def test_staleness_alpha_is_a3po_version_rule():
@@ -145,6 +153,7 @@ def test_staleness_alpha_is_a3po_version_rule():
 
 
 # ---- sequence-level rules (verl rollout_corr), hand-derived ----
+
 
 def _two_sequences():
     """Sequence 0: ρ = 2, 0.5 (env token between), 3 → Π ρ = 3 over 3 policy tokens.
@@ -170,8 +179,9 @@ def test_sequence_masked_is_drops_whole_sequences_over_the_cap():
     torch.testing.assert_close(c.weight, torch.tensor([[0, 0, 0, 0], [1.1, 1.1, 0, 0]], dtype=D), rtol=0, atol=1e-12)
     # C = ∞ is plain sequence-level IS: w_i = Π ρ on every policy token of i
     plain = sequence_band_correction(lr, mask, 0.0, math.inf, lr)
-    torch.testing.assert_close(plain.weight, torch.tensor([[3, 0, 3, 3], [1.1, 1.1, 0, 0]], dtype=D), rtol=0,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        plain.weight, torch.tensor([[3, 0, 3, 3], [1.1, 1.1, 0, 0]], dtype=D), rtol=0, atol=1e-12
+    )
     torch.testing.assert_close(plain.keep, mask, rtol=0, atol=0)
 
 
@@ -190,8 +200,11 @@ def test_sequence_rules_do_not_overflow_where_float32_would():
     lr = torch.full((1, 60), 2.0)
     mask = torch.ones(1, 60)
     assert not torch.isfinite(torch.exp(lr).prod())
-    for c in (sequence_truncated_correction(lr, mask, 2.0), sequence_band_correction(lr, mask, 0.0, 2.0, lr),
-              sequence_truncated_correction(lr, mask, math.inf)):
+    for c in (
+        sequence_truncated_correction(lr, mask, 2.0),
+        sequence_band_correction(lr, mask, 0.0, 2.0, lr),
+        sequence_truncated_correction(lr, mask, math.inf),
+    ):
         assert torch.isfinite(c.weight).all()
     assert sequence_truncated_correction(lr, mask, 2.0).weight[0, 0] == pytest.approx(2.0, rel=1e-6)
     assert sequence_band_correction(lr, mask, 0.0, 2.0, lr).keep.sum() == 0

@@ -22,8 +22,12 @@ def test_ess_hand_values():
     w = torch.tensor([[1.0, 3.0, 100.0]], dtype=D)
     # (1 + 3)² / (2 · (1 + 9)) = 0.8; the environment token's weight is ignored
     torch.testing.assert_close(effective_sample_size(w, mask), torch.tensor(0.8, dtype=D), rtol=0, atol=1e-12)
-    torch.testing.assert_close(effective_sample_size(torch.full((2, 5), 3.0, dtype=D), torch.ones(2, 5, dtype=D)),
-                               torch.tensor(1.0, dtype=D), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        effective_sample_size(torch.full((2, 5), 3.0, dtype=D), torch.ones(2, 5, dtype=D)),
+        torch.tensor(1.0, dtype=D),
+        rtol=0,
+        atol=1e-12,
+    )
 
 
 def test_sequence_ess_equals_direct_formula():
@@ -34,8 +38,12 @@ def test_sequence_ess_equals_direct_formula():
     direct = W.sum() ** 2 / (6 * (W**2).sum())
     torch.testing.assert_close(sequence_effective_sample_size(lr, mask), direct, rtol=1e-12, atol=0)
     huge = torch.full((3, 200), 20.0, dtype=D)  # Π ρ = e^4000: only the log-space form survives
-    torch.testing.assert_close(sequence_effective_sample_size(huge, torch.ones(3, 200, dtype=D)),
-                               torch.tensor(1.0, dtype=D), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        sequence_effective_sample_size(huge, torch.ones(3, 200, dtype=D)),
+        torch.tensor(1.0, dtype=D),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 def test_ratio_diagnostics_hand_values():
@@ -83,8 +91,13 @@ def test_on_policy_diagnostics_are_trivial():
     mask = torch.ones(3, 4, dtype=D)
     lr = torch.zeros(3, 4, dtype=D)
     d = ratio_diagnostics(lr, mask, no_correction(lr, mask))
-    for key, expected in (("correction/ess", 1.0), ("correction/ess_seq", 1.0), ("correction/chi2", 0.0),
-                          ("correction/kl_k3", 0.0), ("correction/masked_frac", 0.0)):
+    for key, expected in (
+        ("correction/ess", 1.0),
+        ("correction/ess_seq", 1.0),
+        ("correction/chi2", 0.0),
+        ("correction/kl_k3", 0.0),
+        ("correction/masked_frac", 0.0),
+    ):
         assert math.isclose(float(d[key]), expected, abs_tol=1e-12), key
 
 
@@ -107,8 +120,9 @@ def test_behavior_kl_per_token_and_per_sequence():
     per_token = (k3(2) + k3(0.5) + k3(1) + k3(4) + k3(1)) / 5
     per_sequence = ((k3(2) + k3(0.5)) + (k3(1) + k3(4) + k3(1))) / 2
     torch.testing.assert_close(out["staleness/kl_behavior"], torch.tensor(per_token, dtype=D), rtol=0, atol=1e-14)
-    torch.testing.assert_close(out["staleness/kl_behavior_seq"], torch.tensor(per_sequence, dtype=D), rtol=0,
-                               atol=1e-14)
+    torch.testing.assert_close(
+        out["staleness/kl_behavior_seq"], torch.tensor(per_sequence, dtype=D), rtol=0, atol=1e-14
+    )
 
 
 def test_behavior_ratio_band_share_and_quantiles_over_policy_tokens_only():

@@ -33,9 +33,12 @@ def tiny_dir(tmp_path_factory, offline):
 
 
 def hf_config(path, staleness=0, steps=3, **model) -> RunConfig:
-    return RunConfig(model=ModelConfig(backend="hf", hf_model=str(path), **model), task=TaskConfig(n_eval=16),
-                     warm_start=WarmStartConfig(steps=20, batch_size=16),
-                     train=TrainConfig(steps=steps, batch_size=16, minibatches=2, eval_every=2, staleness=staleness))
+    return RunConfig(
+        model=ModelConfig(backend="hf", hf_model=str(path), **model),
+        task=TaskConfig(n_eval=16),
+        warm_start=WarmStartConfig(steps=20, batch_size=16),
+        train=TrainConfig(steps=steps, batch_size=16, minibatches=2, eval_every=2, staleness=staleness),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +47,13 @@ def hf_warm(tiny_dir):
 
 
 def test_config_names_the_backend_fields():
-    for bad, field in (({"backend": "hf"}, "hf_model"), ({"hf_model": "x"}, "hf_model"),
-                       ({"rollout_engine": "vllm"}, "rollout_engine"), ({"system_prompt": "hi"}, "system_prompt"),
-                       ({"backend": "hf", "hf_model": "x", "device": "tpu"}, "device")):
+    for bad, field in (
+        ({"backend": "hf"}, "hf_model"),
+        ({"hf_model": "x"}, "hf_model"),
+        ({"rollout_engine": "vllm"}, "rollout_engine"),
+        ({"system_prompt": "hi"}, "system_prompt"),
+        ({"backend": "hf", "hf_model": "x", "device": "tpu"}, "device"),
+    ):
         with pytest.raises(ValidationError, match=field):
             ModelConfig(**bad)
 
@@ -151,7 +158,10 @@ def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_di
     finally:
         torch.set_num_threads(threads)
     # an actor's first call imports transformers and builds the model: minutes on a loaded 2-core machine
-    rt = RayTrainer(with_overrides(cfg, {"resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5, "resources.timeout_s": 600}), hf_warm)
+    rt = RayTrainer(
+        with_overrides(cfg, {"resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5, "resources.timeout_s": 600}),
+        hf_warm,
+    )
     try:
         rt.run()
     finally:
@@ -175,7 +185,7 @@ def test_a_separate_hf_critic_can_start_as_a_copy_of_the_warm_started_policy(tin
     policy's base model, as LLM PPO initialises its critic from the SFT model; `own` keeps the pretrained one."""
     copied = warm_start(hf_config(tiny_dir, separate_critic=True, critic_init="policy"))
     own = warm_start(hf_config(tiny_dir, separate_critic=True))
-    base = {k[len("policy.model."):]: v for k, v in copied.items() if k.startswith("policy.model.")}
+    base = {k[len("policy.model.") :]: v for k, v in copied.items() if k.startswith("policy.model.")}
     assert base and all(torch.equal(copied[f"critic_trunk.{k}"], v) for k, v in base.items())
     assert not all(torch.equal(own[f"critic_trunk.{k}"], v) for k, v in base.items())
     for k, v in hf_warm.items():  # the warm-started policy does not depend on the critic's layout

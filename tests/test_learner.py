@@ -34,8 +34,11 @@ def batch_and_model(tiny_warm_state):
     sampler.load_weights(tiny_warm_state, 0)
     batch = sampler.sample(ProblemStream(cfg, 0).batch(0, 32), 0, sampling_generator(0, 0))
     # a behaviour policy that is not the learner's: the corrections and traces have work to do
-    batch.logp_behavior = torch.where(batch.mask > 0, batch.logp_behavior + 0.4 * torch.randn(
-        batch.mask.shape, generator=torch.Generator().manual_seed(3)), 0.0)
+    batch.logp_behavior = torch.where(
+        batch.mask > 0,
+        batch.logp_behavior + 0.4 * torch.randn(batch.mask.shape, generator=torch.Generator().manual_seed(3)),
+        0.0,
+    )
     model = build_model(cfg, 0)
     model.load_state_dict(tiny_warm_state)
     return cfg, batch, model.double()
@@ -75,10 +78,13 @@ def reference_step(model, config, batch, generator) -> dict[str, float]:
     with torch.no_grad():
         logp_old, values_old, _ = response_logprobs(model, batch, t.temperature)
     log_ratio = behavior_log_ratio(logp_old, batch.logp_behavior, mask)
-    assert spec.policy.anchor == "recomputed" and spec.policy.loss == "ppo_clip"  # the reading this reference writes out
+    assert (
+        spec.policy.anchor == "recomputed" and spec.policy.loss == "ppo_clip"
+    )  # the reading this reference writes out
     correction = correct_policy(spec.policy, log_ratio, log_ratio, mask)  # w = ρ = π_old/μ inside the band
-    advantages, returns = estimate_advantages(spec.advantage, batch.rewards, values_old, mask, log_ratio, m.gamma,
-                                              m.lam).output
+    advantages, returns = estimate_advantages(
+        spec.advantage, batch.rewards, values_old, mask, log_ratio, m.gamma, m.lam
+    ).output
     advantages = masked_whiten(advantages, mask)
     anchor = logp_old
     losses = []
@@ -87,8 +93,18 @@ def reference_step(model, config, batch, generator) -> dict[str, float]:
         for j in range(t.minibatches):
             idx = order[j * mb : (j + 1) * mb]
             logp, values, entropy = response_logprobs(model, batch.select(idx), t.temperature)
-            actor = ppo_actor_loss(logp, anchor[idx], advantages[idx], correction.weight[idx], correction.keep[idx],
-                                   mask[idx], m.clip_low, m.clip_high, m.dual_clip, spec.policy.loss_denominator == "kept")
+            actor = ppo_actor_loss(
+                logp,
+                anchor[idx],
+                advantages[idx],
+                correction.weight[idx],
+                correction.keep[idx],
+                mask[idx],
+                m.clip_low,
+                m.clip_high,
+                m.dual_clip,
+                spec.policy.loss_denominator == "kept",
+            )
             critic = clipped_value_loss(values, values_old[idx], returns[idx], mask[idx], m.value_clip)
             loss = actor.loss + t.value_coef * critic.loss - t.entropy_coef * masked_mean(entropy, mask[idx])
             optimizer.zero_grad(set_to_none=True)
@@ -96,7 +112,10 @@ def reference_step(model, config, batch, generator) -> dict[str, float]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
             optimizer.step()
             losses.append((float(actor.loss.detach()), float(critic.loss.detach())))
-    return {"actor/loss": sum(a for a, _ in losses) / len(losses), "critic/value_loss": sum(c for _, c in losses) / len(losses)}
+    return {
+        "actor/loss": sum(a for a, _ in losses) / len(losses),
+        "critic/value_loss": sum(c for _, c in losses) / len(losses),
+    }
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
@@ -130,6 +149,7 @@ def test_learner_positions_count_the_tokens_the_model_read(batch_and_model):
 
 # ---- the diagnostics of a step, against independent computations ----
 
+
 def test_kl_step_is_the_exact_kl_between_the_weights_before_and_after(batch_and_model):
     cfg, batch, model = batch_and_model
     B = batch.size
@@ -159,8 +179,9 @@ def test_kl_step_is_the_exact_kl_between_the_weights_before_and_after(batch_and_
 def test_kl_step_off_reads_nothing_more(batch_and_model):
     cfg, batch, model = batch_and_model
     on = Learner(copy.deepcopy(model), cfg, torch.Generator().manual_seed(0)).step(batch)
-    off = Learner(copy.deepcopy(model), with_overrides(cfg, {"train.kl_step_rows": 0}),
-                  torch.Generator().manual_seed(0)).step(batch)
+    off = Learner(
+        copy.deepcopy(model), with_overrides(cfg, {"train.kl_step_rows": 0}), torch.Generator().manual_seed(0)
+    ).step(batch)
     assert "policy/kl_step" not in off
     mb_rows = min(cfg.train.kl_step_rows, batch.size // cfg.train.minibatches)
     assert on["learner/positions"] > off["learner/positions"]
@@ -204,23 +225,37 @@ def test_live_mask_equals_the_old_one_when_one_minibatch_reads_pi_old(batch_and_
         results.append(m)
     for (name, a), (_, b) in zip(results[0].named_parameters(), results[1].named_parameters()):
         assert torch.equal(a, b), name
-    several = [Learner(copy.deepcopy(model), with_overrides(cfg, {"train.epochs": 3, "method.mask_ratio": r}),
-                       torch.Generator().manual_seed(0)).step(batch) for r in ("old", "live")]
+    several = [
+        Learner(
+            copy.deepcopy(model),
+            with_overrides(cfg, {"train.epochs": 3, "method.mask_ratio": r}),
+            torch.Generator().manual_seed(0),
+        ).step(batch)
+        for r in ("old", "live")
+    ]
     assert several[0]["correction/masked_frac"] != several[1]["correction/masked_frac"]
 
 
 def test_critic_lambda_changes_the_critic_target_only(batch_and_model):
     cfg, batch, model = batch_and_model
     base = Learner(copy.deepcopy(model), cfg, torch.Generator().manual_seed(0)).step(batch)
-    decoupled = Learner(copy.deepcopy(model), with_overrides(cfg, {"method.critic_lam": 1.0}),
-                        torch.Generator().manual_seed(0)).step(batch)
-    same = Learner(copy.deepcopy(model), with_overrides(cfg, {"method.critic_lam": cfg.method.lam}),
-                   torch.Generator().manual_seed(0)).step(batch)
+    decoupled = Learner(
+        copy.deepcopy(model), with_overrides(cfg, {"method.critic_lam": 1.0}), torch.Generator().manual_seed(0)
+    ).step(batch)
+    same = Learner(
+        copy.deepcopy(model),
+        with_overrides(cfg, {"method.critic_lam": cfg.method.lam}),
+        torch.Generator().manual_seed(0),
+    ).step(batch)
     assert same["critic/value_loss"] == base["critic/value_loss"] and same["actor/loss"] == base["actor/loss"]
     assert decoupled["critic/return_mean"] != base["critic/return_mean"]
     one = with_overrides(cfg, {"train.minibatches": 1})  # the actor loss is read once, before any update
-    actor = [Learner(copy.deepcopy(model), with_overrides(one, {"method.critic_lam": lam}),
-                     torch.Generator().manual_seed(0)).step(batch) for lam in (None, 1.0)]
+    actor = [
+        Learner(
+            copy.deepcopy(model), with_overrides(one, {"method.critic_lam": lam}), torch.Generator().manual_seed(0)
+        ).step(batch)
+        for lam in (None, 1.0)
+    ]
     assert actor[0]["actor/loss"] == actor[1]["actor/loss"]
     assert actor[0]["critic/value_loss"] != actor[1]["critic/value_loss"]
 
@@ -253,8 +288,9 @@ def test_critic_warmup_moves_only_the_critic(tiny_warm_state, batch_and_model, s
 
 def test_critic_learning_rate_scale_sets_its_parameter_group(batch_and_model):
     cfg, _, model = batch_and_model
-    learner = Learner(copy.deepcopy(model), with_overrides(cfg, {"train.critic_lr_scale": 10.0}),
-                      torch.Generator().manual_seed(0))
+    learner = Learner(
+        copy.deepcopy(model), with_overrides(cfg, {"train.critic_lr_scale": 10.0}), torch.Generator().manual_seed(0)
+    )
     policy, critic = learner.optimizer.param_groups
     assert policy["lr"] == cfg.train.lr and critic["lr"] == pytest.approx(10 * cfg.train.lr)
     names = {id(p): n for n, p in learner.model.named_parameters()}

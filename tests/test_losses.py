@@ -16,6 +16,7 @@ def actor(logp, anchor, adv, weight=1.0, keep=1.0, mask=1.0, dual=None, by_kept=
 
 def test_hand_derived_clipped_surrogate():
     import math
+
     # r = 1.5, Â = +1: min(1.5, 1.2) = 1.2 → loss −1.2·w
     out = actor(math.log(1.5), 0.0, 1.0, weight=0.5)
     torch.testing.assert_close(out.loss, torch.tensor(-0.6, dtype=D), rtol=0, atol=1e-12)
@@ -23,8 +24,9 @@ def test_hand_derived_clipped_surrogate():
     # r = 1.5, Â = −1: min(−1.5, −1.2) = −1.5 → loss 1.5
     torch.testing.assert_close(actor(math.log(1.5), 0.0, -1.0).loss, torch.tensor(1.5, dtype=D), rtol=0, atol=1e-12)
     # dual clip c = 3 caps the negative-advantage loss: r = 10, Â = −1 → min(10, 3) = 3
-    torch.testing.assert_close(actor(math.log(10.0), 0.0, -1.0, dual=3.0).loss, torch.tensor(3.0, dtype=D),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        actor(math.log(10.0), 0.0, -1.0, dual=3.0).loss, torch.tensor(3.0, dtype=D), rtol=0, atol=1e-12
+    )
 
 
 def test_matches_loop_reference_and_denominators():
@@ -109,6 +111,7 @@ def _grad(loss_fn, log_r, adv):
 def test_cispo_gradient_is_the_clipped_ratio_times_the_advantage(r, adv):
     """∂L/∂log π = −w · clip(r, 1 − ε_lo, 1 + ε_hi) · Â: never 0, unlike PPO's clipped branch."""
     import math
+
     cispo = lambda *a: cispo_actor_loss(*a, 0.2, 0.2, False)  # noqa: E731
     ppo = lambda *a: ppo_actor_loss(*a, 0.2, 0.2, None, False)  # noqa: E731
     w, clipped = 0.5, min(max(r, 0.8), 1.2)
@@ -123,9 +126,11 @@ def test_cispo_gradient_is_the_clipped_ratio_times_the_advantage(r, adv):
 def test_unclipped_surrogate_is_ppo_with_open_bounds():
     """ε_lo = 1, ε_hi = ∞: clip(r, 0, ∞) = r, so the loss is −w·r·Â whatever r is."""
     import math
+
     for r, adv in ((3.0, 1.0), (0.1, -1.0), (1.0, 2.0)):
-        out = ppo_actor_loss(one(math.log(r)), one(0.0), one(adv), one(0.5), one(1.0), one(1.0), 1.0, math.inf, None,
-                             False)
+        out = ppo_actor_loss(
+            one(math.log(r)), one(0.0), one(adv), one(0.5), one(1.0), one(1.0), 1.0, math.inf, None, False
+        )
         torch.testing.assert_close(out.loss, torch.tensor(-0.5 * r * adv, dtype=D), rtol=1e-12, atol=0)
         assert out.clipfrac == 0
 

@@ -84,7 +84,9 @@ def test_contract_on_policy_batch_is_the_on_policy_update(name, anchor):
     torch.testing.assert_close(terms.correction.weight, mask, rtol=0, atol=0)
     assert torch.equal(terms.anchor, logp_behavior)
     assert float(step_size_scale(spec.policy, terms.log_ratio, mask)) == 1.0
-    gae = estimate_advantages(METHODS["sync_ppo"].build(None, None)[1], rewards, values, mask, terms.log_ratio, 1.0, 0.95)
+    gae = estimate_advantages(
+        METHODS["sync_ppo"].build(None, None)[1], rewards, values, mask, terms.log_ratio, 1.0, 0.95
+    )
     est = estimate_advantages(spec.advantage, rewards, values, mask, terms.log_ratio, 1.0, 0.95)
     torch.testing.assert_close(est.output.advantages, gae.output.advantages, rtol=0, atol=1e-6)
     torch.testing.assert_close(est.output.returns, gae.output.returns, rtol=0, atol=1e-6)
@@ -113,17 +115,21 @@ def test_readings_by_hand():
     torch.testing.assert_close(behavior.correction.weight, mask, rtol=0, atol=0)  # w = 1: the IS weight is inside r
     recomputed = policy_terms(side("recomputed"), logp_old, logp_mu, mask, lag)
     assert torch.equal(recomputed.anchor, logp_old)
-    torch.testing.assert_close(recomputed.correction.weight, torch.tensor([[2.0, 0.25, 0.0, 1.0]], dtype=D),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        recomputed.correction.weight, torch.tensor([[2.0, 0.25, 0.0, 1.0]], dtype=D), rtol=0, atol=1e-12
+    )
     inter = policy_terms(side("interpolated"), logp_old, logp_mu, mask, lag)
     # w = π_prox/μ = ρ^α = 2^0.75, 0.25^0.75, 1
-    torch.testing.assert_close(inter.correction.weight, torch.tensor([[2 ** 0.75, 0.25 ** 0.75, 0.0, 1.0]], dtype=D),
-                               rtol=0, atol=1e-12)
-    torch.testing.assert_close(inter.anchor[mask > 0], (logp_mu + 0.75 * (logp_old - logp_mu))[mask > 0], rtol=0,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        inter.correction.weight, torch.tensor([[2**0.75, 0.25**0.75, 0.0, 1.0]], dtype=D), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        inter.anchor[mask > 0], (logp_mu + 0.75 * (logp_old - logp_mu))[mask > 0], rtol=0, atol=1e-12
+    )
     fixed = policy_terms(side("interpolated", alpha=0.5), logp_old, logp_mu, mask, lag)
-    torch.testing.assert_close(fixed.correction.weight, torch.tensor([[2 ** 0.5, 0.5, 0.0, 1.0]], dtype=D),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        fixed.correction.weight, torch.tensor([[2**0.5, 0.5, 0.0, 1.0]], dtype=D), rtol=0, atol=1e-12
+    )
     # the mask is on ρ = π_old/μ in every reading: a band [1/3, 3] drops the token with ρ = 1/4 in all three
     for anchor in ("behavior", "recomputed", "interpolated"):
         band = PolicySide(kind="ratio_band", low=1 / 3, high=3.0, anchor=anchor)
@@ -137,10 +143,16 @@ def test_interpolated_reduces_to_the_other_two_at_alpha_0_and_1():
     lag = lags(mask)
     for kind in ("ratio_band", "truncate", "seq_truncate", "seq_band", "m2po"):
         for alpha, other in ((0.0, "behavior"), (1.0, "recomputed")):
-            inter = policy_terms(PolicySide(kind=kind, low=0.2, high=4.0, cap=2.0, anchor="interpolated", alpha=alpha),
-                                 logp_old, logp_behavior, mask, lag)
-            ref = policy_terms(PolicySide(kind=kind, low=0.2, high=4.0, cap=2.0, anchor=other),
-                               logp_old, logp_behavior, mask, lag)
+            inter = policy_terms(
+                PolicySide(kind=kind, low=0.2, high=4.0, cap=2.0, anchor="interpolated", alpha=alpha),
+                logp_old,
+                logp_behavior,
+                mask,
+                lag,
+            )
+            ref = policy_terms(
+                PolicySide(kind=kind, low=0.2, high=4.0, cap=2.0, anchor=other), logp_old, logp_behavior, mask, lag
+            )
             assert torch.equal(inter.anchor, ref.anchor), (kind, alpha)
             for a, b in zip(inter.correction, ref.correction):
                 assert torch.equal(a, b), (kind, alpha)
@@ -165,15 +177,31 @@ def test_step_size_follows_the_sequence_ess():
     log_ratio = torch.log(torch.tensor([[2.0, 1.0], [0.5, 1.0], [1.0, 1.0]], dtype=D)) * mask
     side = method_spec("vcpo").policy
     # W = 2, 1/2, 1: (Σ W)² / (N Σ W²) = 3.5² / (3 · 5.25) = 0.7777…
-    expected = math.sqrt(3.5 ** 2 / (3 * 5.25))
+    expected = math.sqrt(3.5**2 / (3 * 5.25))
     assert float(step_size_scale(side, log_ratio, mask)) == pytest.approx(expected, rel=1e-12)
     assert float(step_size_scale(method_spec("copc").policy, log_ratio, mask)) == 1.0
 
 
 def test_registry_holds_every_preset_of_the_spec():
-    assert set(METHODS) == {"sync_ppo", "async_ppo", "async_ppo_recompute", "decoupled_ppo", "tis", "icepop",
-                            "m2po", "vtrace", "copc_policy_only", "copc_advantage_only", "copc",
-                            "seq_tis", "seq_mis", "geo_rs", "cispo", "vcpo", "a3po"}
+    assert set(METHODS) == {
+        "sync_ppo",
+        "async_ppo",
+        "async_ppo_recompute",
+        "decoupled_ppo",
+        "tis",
+        "icepop",
+        "m2po",
+        "vtrace",
+        "copc_policy_only",
+        "copc_advantage_only",
+        "copc",
+        "seq_tis",
+        "seq_mis",
+        "geo_rs",
+        "cispo",
+        "vcpo",
+        "a3po",
+    }
     assert METHODS["sync_ppo"].on_policy and not METHODS["copc"].on_policy
 
 
@@ -208,8 +236,9 @@ def test_taus_and_options_a_method_does_not_read_are_errors():
 
 
 def test_options_reach_the_spec_and_overrides_revalidate():
-    cfg = MethodConfig(name="copc", policy_weight="one", loss_denominator="kept", return_target="gae",
-                       advantage_clip="one_sided")
+    cfg = MethodConfig(
+        name="copc", policy_weight="one", loss_denominator="kept", return_target="gae", advantage_clip="one_sided"
+    )
     spec = cfg.spec()
     assert spec.policy.weight == "one" and spec.policy.loss_denominator == "kept"
     assert spec.advantage.return_target == "gae" and spec.advantage.clip == "one_sided"

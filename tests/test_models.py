@@ -6,7 +6,9 @@ from copc_core.models import GPTShape, TinyGPT, count_parameters
 
 def model(separate_critic=False):
     torch.manual_seed(0)
-    return TinyGPT(GPTShape(vocab_size=20, block_size=24, n_layer=2, n_head=4, n_embd=32, separate_critic=separate_critic))
+    return TinyGPT(
+        GPTShape(vocab_size=20, block_size=24, n_layer=2, n_head=4, n_embd=32, separate_critic=separate_critic)
+    )
 
 
 def test_kv_cache_steps_match_the_full_forward():

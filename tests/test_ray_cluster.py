@@ -38,8 +38,14 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
     groups: list[int] = []  # process group of each `ray start`: its daemons and their workers
 
     def start(*args: str) -> None:
-        node = subprocess.Popen([ray_bin, "start", *args, *common], env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        node = subprocess.Popen(
+            [ray_bin, "start", *args, *common],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         groups.append(node.pid)
         _, err = node.communicate(timeout=180)
         assert node.returncode == 0, err[-3000:]
@@ -60,8 +66,14 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
             s = rt.run()
             print("NODES", len(alive), "STEPS", s.steps_completed, "EPISODES", rt.counters.episodes_consumed)
         """)
-        out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, env=env, timeout=300,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run(
+            [sys.executable, "-c", job],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         assert "NODES 2 STEPS 2 EPISODES 32" in out.stdout
     finally:
@@ -71,6 +83,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
 
 def stop_groups(groups: list[int], grace_s: float = 15.0) -> None:
     """SIGTERM every process group, SIGKILL what is left after `grace_s`; return once all are gone."""
+
     def alive(pgid: int) -> bool:
         try:
             os.killpg(pgid, 0)

@@ -11,8 +11,12 @@ from infra.ray_runtime import LearnerActor, RayTrainer, RuntimeTimeoutError
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
-HALF = {"resources.rollout_workers": 1, "resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5,
-        "resources.timeout_s": 120}
+HALF = {
+    "resources.rollout_workers": 1,
+    "resources.rollout_cpus": 0.5,
+    "resources.learner_cpus": 0.5,
+    "resources.timeout_s": 120,
+}
 
 
 def sized(cfg, resources=HALF):
@@ -60,8 +64,10 @@ def test_uniform_lag_and_critic_warmup_match_the_in_process_trainer(tiny_warm_st
     trainer's, float for float; warm-up spends no version."""
     from copc_core.config import with_overrides
 
-    cfg = with_overrides(tiny_config(method="copc", staleness=2, steps=5),
-                         {"train.lag": "uniform", "train.critic_warmup_steps": 2, "model.separate_critic": True})
+    cfg = with_overrides(
+        tiny_config(method="copc", staleness=2, steps=5),
+        {"train.lag": "uniform", "train.critic_warmup_steps": 2, "model.separate_critic": True},
+    )
     warm = {**tiny_warm_state, **_critic_trunk(cfg)}
     reference = in_process(cfg, warm)
     rt = RayTrainer(sized(cfg), warm)
@@ -89,9 +95,16 @@ def test_bounded_staleness_through_the_front_door(tiny_warm_state, tmp_path):
     from copc_core.config import with_overrides
     from infra.local_run import train_on_ray
 
-    cfg = with_overrides(tiny_config(method="copc", steps=4),
-                         {"train.eta": 1, "train.eta_chunk": 8, "resources.rollout_cpus": 0.5,
-                          "resources.learner_cpus": 0.5, "resources.timeout_s": 120})
+    cfg = with_overrides(
+        tiny_config(method="copc", steps=4),
+        {
+            "train.eta": 1,
+            "train.eta_chunk": 8,
+            "resources.rollout_cpus": 0.5,
+            "resources.learner_cpus": 0.5,
+            "resources.timeout_s": 120,
+        },
+    )
     summary = train_on_ray(cfg, tmp_path / "run", tmp_path / "cache", checkpoint_every=2)
     assert summary.steps_completed == 4 and summary.staleness_max <= 1
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -148,8 +161,10 @@ def test_bounded_staleness_never_exceeds_eta(tiny_warm_state, eta):
 def test_waits_time_out_with_a_clear_error(tiny_warm_state):
     cfg = tiny_config(steps=2)
     # a worker that can never be scheduled: the first wait must fail loudly, not hang
-    rt = RayTrainer(sized(cfg, {"resources.rollout_cpus": 64, "resources.learner_cpus": 0.5, "resources.timeout_s": 3}),
-                    tiny_warm_state)
+    rt = RayTrainer(
+        sized(cfg, {"resources.rollout_cpus": 64, "resources.learner_cpus": 0.5, "resources.timeout_s": 3}),
+        tiny_warm_state,
+    )
     try:
         with pytest.raises(RuntimeTimeoutError, match="no answer within 3 s while waiting for evaluation"):
             rt.run()

@@ -48,9 +48,13 @@ INVALID_OVERRIDES = st.one_of(
 def _named(err: ValidationError, path: str) -> bool:
     """The error names the field: by its location, or (for cross-field rules) in its message."""
     leaf = path.split(".")[-1]
-    return any(leaf in ".".join(map(str, e["loc"])) or leaf in e["msg"] or
-               (leaf == "name" and "method" in e["msg"]) or (leaf == "minibatches" and "minibatches" in e["msg"])
-               for e in err.errors())
+    return any(
+        leaf in ".".join(map(str, e["loc"]))
+        or leaf in e["msg"]
+        or (leaf == "name" and "method" in e["msg"])
+        or (leaf == "minibatches" and "minibatches" in e["msg"])
+        for e in err.errors()
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -86,19 +90,33 @@ def test_invalid_sweep_spaces_are_refused_naming_the_field(bad):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(
-    st.tuples(st.just("TrainParams"), INVALID_OVERRIDES.map(lambda c: ({"config": _nested(*c)}, c[0]))),
-    st.tuples(st.just("TrainParams"), st.text(max_size=8).filter(lambda s: s not in ("inprocess", "ray"))
-              .map(lambda r: ({"runtime": r}, "runtime"))),
-    st.tuples(st.just("SweepParams"), INVALID_SPACES.map(lambda b: ({"space": b}, next(iter(b))))),
-    st.tuples(st.just("SweepParams"), st.text(max_size=6).filter(lambda s: s not in ("grid", "tpe"))
-              .map(lambda s: ({"sampler": s}, "sampler"))),
-    st.tuples(st.just("ReportParams"), st.just(({"sweeps": []}, "sweeps"))),
-    st.tuples(st.just("AnalysisParams"), st.lists(below_one, min_size=1, max_size=3)
-              .map(lambda v: ({"spec": {"tau_policy": v}}, "tau_policy"))),
-    st.tuples(st.just("AnalysisParams"), st.one_of(st.just(math.nan), st.floats(max_value=-1e-9))
-              .map(lambda v: ({"spec": {"critic_error": v}}, "critic_error"))),
-))
+@given(
+    st.one_of(
+        st.tuples(st.just("TrainParams"), INVALID_OVERRIDES.map(lambda c: ({"config": _nested(*c)}, c[0]))),
+        st.tuples(
+            st.just("TrainParams"),
+            st.text(max_size=8)
+            .filter(lambda s: s not in ("inprocess", "ray"))
+            .map(lambda r: ({"runtime": r}, "runtime")),
+        ),
+        st.tuples(st.just("SweepParams"), INVALID_SPACES.map(lambda b: ({"space": b}, next(iter(b))))),
+        st.tuples(
+            st.just("SweepParams"),
+            st.text(max_size=6).filter(lambda s: s not in ("grid", "tpe")).map(lambda s: ({"sampler": s}, "sampler")),
+        ),
+        st.tuples(st.just("ReportParams"), st.just(({"sweeps": []}, "sweeps"))),
+        st.tuples(
+            st.just("AnalysisParams"),
+            st.lists(below_one, min_size=1, max_size=3).map(lambda v: ({"spec": {"tau_policy": v}}, "tau_policy")),
+        ),
+        st.tuples(
+            st.just("AnalysisParams"),
+            st.one_of(st.just(math.nan), st.floats(max_value=-1e-9)).map(
+                lambda v: ({"spec": {"critic_error": v}}, "critic_error")
+            ),
+        ),
+    )
+)
 def test_invalid_flow_parameters_are_refused_naming_the_field(case):
     from flows import prefect_flows
 
@@ -119,15 +137,24 @@ def _nested(path: str, value) -> dict:
 
 
 CLI_CASES = st.one_of(
-    st.tuples(st.just("train"), st.sampled_from(["--tau-policy", "--tau-advantage"]),
-              st.sampled_from(["0.5", "nan", "-inf", "-3", "0.999"])),
+    st.tuples(
+        st.just("train"),
+        st.sampled_from(["--tau-policy", "--tau-advantage"]),
+        st.sampled_from(["0.5", "nan", "-inf", "-3", "0.999"]),
+    ),
     st.tuples(st.just("train"), st.just("--staleness"), negative_int.map(str)),
     st.tuples(st.just("train"), st.just("--batch-size"), st.sampled_from(["0", "-4", "30", "127"])),
-    st.tuples(st.just("train"), st.just("--method"), st.from_regex(r"[a-z_]{1,10}", fullmatch=True)
-              .filter(lambda s: s not in METHODS)),
+    st.tuples(
+        st.just("train"),
+        st.just("--method"),
+        st.from_regex(r"[a-z_]{1,10}", fullmatch=True).filter(lambda s: s not in METHODS),
+    ),
     st.tuples(st.just("sweep"), st.just("--space"), INVALID_SPACES.map(json.dumps)),
-    st.tuples(st.just("analyze"), st.sampled_from(["--tau-policy", "--tau-advantage"]),
-              st.lists(st.sampled_from(["0.5", "nan", "x", "1,,"]), min_size=1, max_size=2).map(",".join)),
+    st.tuples(
+        st.just("analyze"),
+        st.sampled_from(["--tau-policy", "--tau-advantage"]),
+        st.lists(st.sampled_from(["0.5", "nan", "x", "1,,"]), min_size=1, max_size=2).map(",".join),
+    ),
     st.tuples(st.just("analyze"), st.just("--staleness"), st.sampled_from(["-1", "nan", "inf", "0.5,0.5"])),
 )
 
@@ -148,10 +175,13 @@ def test_invalid_cli_input_exits_2_before_anything_is_written(case):
             args += ["--space", str(pathlib.Path(tmp) / "space.json")]
         else:
             args += [f"{option}={value}"]
-        result = CliRunner().invoke(app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "",
-                                                  "PREFECT_API_URL": ""})
+        result = CliRunner().invoke(
+            app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "", "PREFECT_API_URL": ""}
+        )
         assert result.exit_code == 2, (args, result.output)
-        assert "Traceback" not in result.output and ("error" in result.output.lower() or "Invalid value" in result.output)
+        assert "Traceback" not in result.output and (
+            "error" in result.output.lower() or "Invalid value" in result.output
+        )
         written = sorted(str(p.relative_to(data)) for p in data.rglob("*")) if data.exists() else []
         assert not [w for w in written if w.startswith(("mlflow", "optuna", "runs", "cache", "mlartifacts"))], written
 
@@ -162,8 +192,9 @@ POISONED_STEP = 2  # the third learner update (0-based) receives the poison
 
 
 @pytest.mark.parametrize("target", ["logp_behavior", "rewards", "values"])
-def test_non_finite_inputs_stop_the_run_by_name_and_no_nan_reaches_a_checkpoint(tiny_warm_state, tmp_path,
-                                                                                monkeypatch, target):
+def test_non_finite_inputs_stop_the_run_by_name_and_no_nan_reaches_a_checkpoint(
+    tiny_warm_state, tmp_path, monkeypatch, target
+):
     """Through the real in-process run: rollout log-probs, rewards, or the learner's own value
     forward pass turn non-finite at one step; the run stops there with reason `non_finite`, the
     update is not applied, the checkpoint on disk is all finite, and summary.json says so."""
@@ -215,6 +246,7 @@ def _walk(obj):
 
 # ---- a killed `copc train` ----
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["inprocess", "ray"])
 def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(tmp_path, runtime):
@@ -234,8 +266,13 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(t
 
     reference = run(tmp_path / "reference")  # also fills the warm-start cache
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, "--run-dir", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [*cmd, "--run-dir", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (killed / "checkpoint.pt").exists() and proc.poll() is None:
         time.sleep(0.02)
@@ -261,6 +298,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(t
 
 # ---- a server that is down ----
 
+
 def _dead_port() -> int:
     import socket
 
@@ -269,11 +307,18 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("command,env_key,needle", [
-    (["sweep", "--steps", "2", "--tracking-uri", "http://127.0.0.1:{port}"], None, "MLflow tracking server did not answer"),
-    (["report"], "MLFLOW_TRACKING_URI", "MLflow tracking server did not answer"),
-    (["analyze"], "PREFECT_API_URL", "Prefect API (PREFECT_API_URL) did not answer"),
-])
+@pytest.mark.parametrize(
+    "command,env_key,needle",
+    [
+        (
+            ["sweep", "--steps", "2", "--tracking-uri", "http://127.0.0.1:{port}"],
+            None,
+            "MLflow tracking server did not answer",
+        ),
+        (["report"], "MLFLOW_TRACKING_URI", "MLflow tracking server did not answer"),
+        (["analyze"], "PREFECT_API_URL", "Prefect API (PREFECT_API_URL) did not answer"),
+    ],
+)
 def test_a_server_that_is_down_is_named_at_start_and_nothing_runs(tmp_path, command, env_key, needle):
     port = _dead_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
@@ -281,7 +326,9 @@ def test_a_server_that_is_down_is_named_at_start_and_nothing_runs(tmp_path, comm
     if env_key:
         env[env_key] = f"http://127.0.0.1:{port}" + ("/api" if env_key == "PREFECT_API_URL" else "")
     args = [a.format(port=port) for a in command]
-    out = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 2 and needle in out.stderr and f"127.0.0.1:{port}" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     data = tmp_path / "data"
@@ -290,18 +337,21 @@ def test_a_server_that_is_down_is_named_at_start_and_nothing_runs(tmp_path, comm
 
 # ---- issue: what an attacker or an unlucky user found (docs/RELIABILITY.md, "Bad input" and "Valid input") ----
 
+
 def _cli(args, data, **env):
     from typer.testing import CliRunner
 
     from flows.cli import app
 
-    return CliRunner().invoke(app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "",
-                                              "PREFECT_API_URL": "", **env})
+    return CliRunner().invoke(
+        app, args, env={"COPC_DATA_DIR": str(data), "MLFLOW_TRACKING_URI": "", "PREFECT_API_URL": "", **env}
+    )
 
 
 def _nothing_written(data: pathlib.Path) -> bool:
-    return not data.exists() or not [p for p in data.rglob("*")
-                                      if p.relative_to(data).parts[0] in ("mlflow.db", "optuna.db", "runs", "cache")]
+    return not data.exists() or not [
+        p for p in data.rglob("*") if p.relative_to(data).parts[0] in ("mlflow.db", "optuna.db", "runs", "cache")
+    ]
 
 
 BAD_CONFIG_FILES = {
@@ -341,8 +391,15 @@ def test_a_device_as_config_file_is_refused_unread(tmp_path):
 
 def test_a_huge_space_is_refused_before_it_is_built(tmp_path):
     path = tmp_path / "space.json"
-    path.write_text(json.dumps({"tau_policy": [1 + i / 1000 for i in range(1000)],
-                                "tau_advantage": [1 + i / 1000 for i in range(1000)], "staleness": list(range(40))}))
+    path.write_text(
+        json.dumps(
+            {
+                "tau_policy": [1 + i / 1000 for i in range(1000)],
+                "tau_advantage": [1 + i / 1000 for i in range(1000)],
+                "staleness": list(range(40)),
+            }
+        )
+    )
     start = time.perf_counter()
     result = _cli(["sweep", "--space", str(path)], tmp_path / "data")
     assert result.exit_code == 2 and "40,000,000 points" in result.output
@@ -350,15 +407,18 @@ def test_a_huge_space_is_refused_before_it_is_built(tmp_path):
     assert _nothing_written(tmp_path / "data")
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["sweep", "--name", "it's"], "--name"),
-    (["sweep", "--name", "../../x"], "--name"),
-    (["report", "--sweep", "a'b"], "sweeps"),
-    (["hf-tiny", "{tmp}/m", "--layers", "-1"], "--layers"),
-    (["hf-tiny", "{tmp}/m", "--hidden", "0"], "--hidden"),
-    (["hf-tiny", "{tmp}/m", "--hidden", "66"], "multiple of 4"),
-    (["up", "--prefect-port", "99999"], "--prefect-port"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["sweep", "--name", "it's"], "--name"),
+        (["sweep", "--name", "../../x"], "--name"),
+        (["report", "--sweep", "a'b"], "sweeps"),
+        (["hf-tiny", "{tmp}/m", "--layers", "-1"], "--layers"),
+        (["hf-tiny", "{tmp}/m", "--hidden", "0"], "--hidden"),
+        (["hf-tiny", "{tmp}/m", "--hidden", "66"], "multiple of 4"),
+        (["up", "--prefect-port", "99999"], "--prefect-port"),
+    ],
+)
 def test_bad_names_and_numbers_exit_2(tmp_path, args, needle):
     result = _cli([a.format(tmp=tmp_path) for a in args], tmp_path / "data")
     assert result.exit_code == 2, result.output[-2000:]
@@ -391,12 +451,18 @@ def test_a_one_point_grid_runs():
     space = SweepSpace(tau_policy=[2.0], tau_advantage=[2.0], staleness=[0], seeds=[0], steps=2)
     with tempfile.TemporaryDirectory() as tmp:
         sweep = open_study("one", f"sqlite:///{tmp}/optuna.db")
-        done = run_study(sweep, pending_points(sweep, space), lambda params, on_result: [
-            on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(params))])
+        done = run_study(
+            sweep,
+            pending_points(sweep, space),
+            lambda params, on_result: [
+                on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(params))
+            ],
+        )
         assert [d.state for d in done] == ["COMPLETE"] and pending_points(sweep, space) == []
 
 
 # ---- flow parameters arrive from the Prefect API: paths and URLs are confined ----
+
 
 def test_flow_path_parameters_are_confined_to_the_data_folder(tmp_path, monkeypatch):
     from flows.prefect_flows import LOCAL_CALLER, AnalysisParams, ReportParams, SweepParams, TrainParams
@@ -405,31 +471,62 @@ def test_flow_path_parameters_are_confined_to_the_data_folder(tmp_path, monkeypa
     data.mkdir()
     monkeypatch.setenv("COPC_DATA_DIR", str(data))
     (data / "escape").symlink_to(tmp_path)  # a link inside that points outside
-    outside = [ReportParams, {"out": str(tmp_path / "x.sh")}], [ReportParams, {"out": "escape/x.sh"}], \
-        [ReportParams, {"out": "../x.sh"}], [TrainParams, {"data_dir": "/etc"}], \
-        [SweepParams, {"data_dir": str(tmp_path)}], [SweepParams, {"storage": f"sqlite:///{tmp_path}/o.db"}], \
-        [SweepParams, {"tracking_uri": str(tmp_path / "mlruns")}], [SweepParams, {"tracking_uri": "ftp://h/x"}], \
-        [AnalysisParams, {"out": "/tmp/a.html"}]
+    outside = (
+        [ReportParams, {"out": str(tmp_path / "x.sh")}],
+        [ReportParams, {"out": "escape/x.sh"}],
+        [ReportParams, {"out": "../x.sh"}],
+        [TrainParams, {"data_dir": "/etc"}],
+        [SweepParams, {"data_dir": str(tmp_path)}],
+        [SweepParams, {"storage": f"sqlite:///{tmp_path}/o.db"}],
+        [SweepParams, {"tracking_uri": str(tmp_path / "mlruns")}],
+        [SweepParams, {"tracking_uri": "ftp://h/x"}],
+        [AnalysisParams, {"out": "/tmp/a.html"}],
+    )
     for model, params in outside:
         with pytest.raises(ValidationError, match="inside the data folder|unsupported scheme"):
             model.model_validate(params)
         assert model.model_validate(params, context=LOCAL_CALLER)  # the CLI's own user chooses freely
     assert ReportParams(out="reports/r.html").out == str(data / "reports" / "r.html")
     assert SweepParams(storage=f"sqlite:///{data}/optuna.db", tracking_uri="http://127.0.0.1:5000").storage
-    for url in ("javascript:alert(1)", "data:text/html,x", "http://x\"onmouseover=1"):
+    for url in ("javascript:alert(1)", "data:text/html,x", 'http://x"onmouseover=1'):
         with pytest.raises(ValidationError, match="mlflow_ui"):
             ReportParams(mlflow_ui=url)
     assert not (tmp_path / "x.sh").exists()
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(st.text(max_size=300), st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
-                 st.recursive(st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=8)),
-                              lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                      st.dictionaries(st.sampled_from(
-                                                          ["method", "train", "model", "steps", "name", "lr",
-                                                           "tau_policy", "seeds", "staleness", "space", "out"]),
-                                                          inner, max_size=4)), max_leaves=12).map(json.dumps)))
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
+        st.recursive(
+            st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=8)),
+            lambda inner: st.one_of(
+                st.lists(inner, max_size=4),
+                st.dictionaries(
+                    st.sampled_from(
+                        [
+                            "method",
+                            "train",
+                            "model",
+                            "steps",
+                            "name",
+                            "lr",
+                            "tau_policy",
+                            "seeds",
+                            "staleness",
+                            "space",
+                            "out",
+                        ]
+                    ),
+                    inner,
+                    max_size=4,
+                ),
+            ),
+            max_leaves=12,
+        ).map(json.dumps),
+    )
+)
 def test_the_config_space_and_flow_parsers_refuse_anything_with_a_validation_error(text):
     """Fuzzed JSON-ish input for every parser an outsider can reach: it parses, or it is refused with a
     pydantic ValidationError; nothing else escapes (no crash, no hang)."""

@@ -19,8 +19,9 @@ DRIVER = shutil.which("chromedriver")
 if not (CHROMIUM and DRIVER):
     if os.environ.get("CI"):
         raise RuntimeError("CI needs Debian's chromium and chromium-driver (installed by .ci/run)")
-    pytest.skip("no chromium/chromedriver on this machine (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+    pytest.skip(
+        "no chromium/chromedriver on this machine (apt-get install chromium chromium-driver)", allow_module_level=True
+    )
 
 pytestmark = pytest.mark.slow
 NAME = "<script>window.__pwned=1</script>"
@@ -34,9 +35,19 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="copc-chromium-")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
@@ -60,17 +71,22 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
     def rendered(driver):
         return driver.execute_script(
             "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
-            ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length")
+            ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length"
+        )
 
     WebDriverWait(browser, 60).until(lambda d: rendered(d) == expected)
     traces = browser.execute_script(
-        "return Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => d.data.length)")
+        "return Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => d.data.length)"
+    )
     assert len(traces) == expected and all(n > 0 for n in traces)
     # the decoded heatmap (plotly ships typed arrays) holds the 3 × 3 seed means, annotated in the SVG
-    z = browser.execute_script("return Array.from(document.getElementById('heatmap-0')._fullData[0].z, r => Array.from(r))")
+    z = browser.execute_script(
+        "return Array.from(document.getElementById('heatmap-0')._fullData[0].z, r => Array.from(r))"
+    )
     assert [[round(v, 6) for v in row] for row in z] == [[0.5, 0.55, 0.6], [0.6, 0.73, 0.86], [0.7, 0.91, 1.12]]
-    labels = browser.execute_script("return document.querySelectorAll('#heatmap-0 g.text-annotation, "
-                                    "#heatmap-0 .heatmaplayer text').length")
+    labels = browser.execute_script(
+        "return document.querySelectorAll('#heatmap-0 g.text-annotation, #heatmap-0 .heatmaplayer text').length"
+    )
     assert labels >= 9
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
@@ -94,11 +110,18 @@ def test_bias_variance_page_renders_its_heatmaps_and_optimum_markers(browser, tm
     path.write_text(render_bv(records(coupled, staleness=(0.25, 1.0)), {"method": NAME}), encoding="utf-8")
     browser.get(path.as_uri())
     expected = 1 + len(METRICS)
-    WebDriverWait(browser, 60).until(lambda d: d.execute_script(
-        "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
-        ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length") == expected)
+    WebDriverWait(browser, 60).until(
+        lambda d: (
+            d.execute_script(
+                "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
+                ".filter(d => d.querySelector('svg.main-svg') && d._fullLayout).length"
+            )
+            == expected
+        )
+    )
     marks = browser.execute_script(
-        "return document.getElementById('bv-mse').data.filter(t => t.name === 'best τ_p per τ_a').map(t => t.y)")
+        "return document.getElementById('bv-mse').data.filter(t => t.name === 'best τ_p per τ_a').map(t => t.y)"
+    )
     assert marks == [["1.25", "2", "3"], ["1.25", "2", "3"]]
     points = browser.execute_script("return document.querySelectorAll('#bv-mse .scatterlayer .point').length")
     assert points == 2 * (3 + 1)  # three ○ and one ★ per staleness panel, drawn
@@ -122,8 +145,11 @@ def test_report_beside_one_plotly_copy_outlines_the_best_cells_and_sorts_its_tab
     path.write_text(render(sample_report(NAME), plotly.name), encoding="utf-8")
     assert path.stat().st_size < 1_000_000
     browser.get(path.as_uri())
-    WebDriverWait(browser, 60).until(lambda d: d.execute_script(
-        "return document.getElementById('heatmap-0') && document.getElementById('heatmap-0')._fullLayout !== undefined"))
+    WebDriverWait(browser, 60).until(
+        lambda d: d.execute_script(
+            "var d = document.getElementById('heatmap-0'); return d !== null && d._fullLayout !== undefined"
+        )
+    )
     # sample_report's grid is bilinear: the best cell of each k panel is (τ_p 4, τ_a 4), one outline per panel
     shapes = browser.execute_script("return document.querySelectorAll('#heatmap-0 .shapelayer path').length")
     panels = browser.execute_script("return document.getElementById('heatmap-0').data.length")
@@ -134,7 +160,8 @@ def test_report_beside_one_plotly_copy_outlines_the_best_cells_and_sorts_its_tab
 
     def column():
         return browser.execute_script(
-            f"return Array.from(document.querySelectorAll('#runs tbody tr')).map(r => r.cells[{seed_col}].innerText)")
+            f"return Array.from(document.querySelectorAll('#runs tbody tr')).map(r => r.cells[{seed_col}].innerText)"
+        )
 
     headers[seed_col].click()
     up = column()
@@ -168,7 +195,7 @@ def test_the_prefect_ui_of_copc_up_finds_its_api_on_a_non_default_port(browser, 
                 break
             time.sleep(1)
         at = text.find("Can't connect")
-        assert at < 0, text[max(0, at - 300):at + 300]
+        assert at < 0, text[max(0, at - 300) : at + 300]
         assert "Runs" in text and "Deployments" in text, text[:2000]
         shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "prefect-ui.png"
         shot.parent.mkdir(parents=True, exist_ok=True)

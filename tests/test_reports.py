@@ -23,31 +23,59 @@ def frame(records):
 
 
 def test_runs_frame_parses_params_metrics_and_failures():
-    records = [trial("a", INF, 2.0, 4, 1, 0.7, collapsed=True, collapse_step=30),
-               trial("b", 1.5, 1.0, 0, 0, None, fail_reason="RuntimeError: boom")]
+    records = [
+        trial("a", INF, 2.0, 4, 1, 0.7, collapsed=True, collapse_step=30),
+        trial("b", 1.5, 1.0, 0, 0, None, fail_reason="RuntimeError: boom"),
+    ]
     runs = frame(records)
     assert list(runs.columns) == list(schema.RUNS)
     a, b = runs.set_index("run_id").loc["a"], runs.set_index("run_id").loc["b"]
     assert math.isinf(a.tau_policy) and a.tau_advantage == 2.0 and a.staleness == 4 and a.seed == 1
     assert a.scored and a.collapsed and a.collapse_step == 30.0 and a.objective == 0.7 and a.final_accuracy == 1.2
     assert a.url == f"{UI}/#/experiments/7/runs/a"
-    assert not b.scored and math.isnan(b.objective) and b.fail_reason == "RuntimeError: boom" and b.collapse_reason == "not run"
+    assert (
+        not b.scored
+        and math.isnan(b.objective)
+        and b.fail_reason == "RuntimeError: boom"
+        and b.collapse_reason == "not run"
+    )
     assert math.isnan(a.critic_explained_var_first) and math.isnan(a.collapse_step_train)  # not logged: not invented
-    records[0]["metrics"] |= {"summary/critic_explained_var_first": 0.41, "summary/critic_warmup_explained_var": 0.5,
-                              "summary/collapse_step_train": 12.0, "summary/kl_step_mean": 2e-3,
-                              "summary/staleness_updates_mean": 16.0}
+    records[0]["metrics"] |= {
+        "summary/critic_explained_var_first": 0.41,
+        "summary/critic_warmup_explained_var": 0.5,
+        "summary/collapse_step_train": 12.0,
+        "summary/kl_step_mean": 2e-3,
+        "summary/staleness_updates_mean": 16.0,
+    }
     a = frame(records).set_index("run_id").loc["a"]
-    assert (a.critic_explained_var_first, a.critic_warmup_explained_var, a.collapse_step_train, a.kl_step_mean,
-            a.staleness_updates_mean) == (0.41, 0.5, 12.0, 2e-3, 16.0)
+    assert (
+        a.critic_explained_var_first,
+        a.critic_warmup_explained_var,
+        a.collapse_step_train,
+        a.kl_step_mean,
+        a.staleness_updates_mean,
+    ) == (0.41, 0.5, 12.0, 2e-3, 16.0)
 
 
 def test_curves_frame_is_long_and_typed():
-    records = [trial("a", 2, 1, 0, 0, 0.5, history={"eval/accuracy": curve([0, 10], [0.3, 0.6]),
-                                                   "actor/grad_norm": curve([1], [2.5])})]
+    records = [
+        trial(
+            "a",
+            2,
+            1,
+            0,
+            0,
+            0.5,
+            history={"eval/accuracy": curve([0, 10], [0.3, 0.6]), "actor/grad_norm": curve([1], [2.5])},
+        )
+    ]
     curves = curves_frame(records)
     assert list(curves.columns) == list(schema.CURVES)
     assert sorted(map(tuple, curves[["metric", "step", "value"]].to_numpy().tolist())) == [
-        ("actor/grad_norm", 1, 2.5), ("eval/accuracy", 0, 0.3), ("eval/accuracy", 10, 0.6)]
+        ("actor/grad_norm", 1, 2.5),
+        ("eval/accuracy", 0, 0.3),
+        ("eval/accuracy", 10, 0.6),
+    ]
 
 
 def test_schema_rejects_missing_extra_and_mistyped_columns():
@@ -142,7 +170,11 @@ def test_cell_stats_mean_sd_and_interval():
     values = [0.2, 0.5, 0.8, 0.9]
     runs = frame([trial(f"r{s}", 2, 1, 0, s, v, collapsed=s == 0) for s, v in enumerate(values)])
     cell = analysis.cell_stats(runs, n_boot=4000).iloc[0]
-    assert cell.n == 4 and cell["mean"] == pytest.approx(np.mean(values)) and cell.sd == pytest.approx(np.std(values, ddof=1))
+    assert (
+        cell.n == 4
+        and cell["mean"] == pytest.approx(np.mean(values))
+        and cell.sd == pytest.approx(np.std(values, ddof=1))
+    )
     assert min(values) <= cell.ci_low < cell["mean"] < cell.ci_high <= max(values)
     assert cell.collapse_rate == 0.25
 
@@ -153,15 +185,20 @@ def test_high_performing_region_counts_cells_within_90_percent():
     region = analysis.high_performing_region(analysis.cell_stats(runs)).iloc[0]
     assert (region.n_within, region.n_cells, region.fraction) == (3, 4, 0.75)
     assert (region.best, region.best_tau_policy, region.best_tau_advantage) == (1.0, 2.0, 1.0)
-    negative = frame(grid_records(lambda i, a, k: -1.0 - i - a, tps=(2, 4), tas=(1, 2), ks=(0,), seeds=(0,), noise=(0.0,)))
+    negative = frame(
+        grid_records(lambda i, a, k: -1.0 - i - a, tps=(2, 4), tas=(1, 2), ks=(0,), seeds=(0,), noise=(0.0,))
+    )
     assert analysis.high_performing_region(analysis.cell_stats(negative)).iloc[0].n_within == 1  # only the best
 
 
 def test_method_comparison_and_step_times_against_a_baseline():
-    records = [trial("c0", 2, 1, 0, 0, 0.8, step_s=2.0, train_s=1.05), trial("c1", 2, 2, 0, 0, 0.6, collapsed=True),
-               trial("c4", 2, 1, 4, 0, 0.7, step_s=1.25, train_s=1.05),
-               trial("p0", 2, 1, 0, 0, 0.5, method="async_ppo", train_s=1.0),
-               trial("p4", 2, 1, 4, 0, 0.1, method="async_ppo", train_s=1.0, collapsed=True)]
+    records = [
+        trial("c0", 2, 1, 0, 0, 0.8, step_s=2.0, train_s=1.05),
+        trial("c1", 2, 2, 0, 0, 0.6, collapsed=True),
+        trial("c4", 2, 1, 4, 0, 0.7, step_s=1.25, train_s=1.05),
+        trial("p0", 2, 1, 0, 0, 0.5, method="async_ppo", train_s=1.0),
+        trial("p4", 2, 1, 4, 0, 0.1, method="async_ppo", train_s=1.0, collapsed=True),
+    ]
     runs = frame(records)
     cells = analysis.cell_stats(runs)
     table = analysis.method_comparison(runs, cells).set_index(["method", "staleness"])
@@ -202,10 +239,18 @@ def test_interaction_lines_one_line_per_tau_a_with_bootstrap_bars():
 def test_learning_curves_mark_collapse_and_escape_names():
     reward = curve([1, 2, 3, 4, 5], [0.3, 0.5, 0.6, 0.1, 0.0])
     hist = {"eval/accuracy": curve([0, 10, 20, 30], [0.3, 0.6, 0.2, 0.1]), "reward/mean": reward}
-    runs = frame([trial("a", 2, 1, 4, 0, 0.1, collapsed=True, collapse_step=20, history=hist, run_name="<b>x</b>"),
-                  trial("b", 2, 2, 4, 0, 0.6, history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
-    curves = curves_frame([trial("a", 2, 1, 4, 0, 0.1, history=hist), trial("b", 2, 2, 4, 0, 0.6,
-                                                                         history={"eval/accuracy": curve([0, 30], [0.3, 0.6])})])
+    runs = frame(
+        [
+            trial("a", 2, 1, 4, 0, 0.1, collapsed=True, collapse_step=20, history=hist, run_name="<b>x</b>"),
+            trial("b", 2, 2, 4, 0, 0.6, history={"eval/accuracy": curve([0, 30], [0.3, 0.6])}),
+        ]
+    )
+    curves = curves_frame(
+        [
+            trial("a", 2, 1, 4, 0, 0.1, history=hist),
+            trial("b", 2, 2, 4, 0, 0.6, history={"eval/accuracy": curve([0, 30], [0.3, 0.6])}),
+        ]
+    )
     fig = figures.learning_curves(runs, curves)
     held_out = [t for t in fig.data if t.mode == "lines+markers"]
     training = [t for t in fig.data if t.mode == "lines"]
@@ -240,8 +285,9 @@ def test_diagnostics_figure_has_one_panel_row_per_metric():
     records = [trial("a", 2, 1, 0, 0, 0.5, history=hist), trial("b", 2, 1, 4, 0, 0.4, history=hist)]
     fig = figures.diagnostics(frame(records), curves_frame(records))
     assert len(fig.data) == len(keys) * 2
-    assert {(t.xaxis, tuple(t.y)) for t in fig.data} == {(f"x{n if n > 1 else ''}", (0.9, 0.8, 0.7))
-                                                         for n in range(1, 2 * len(keys) + 1)}
+    assert {(t.xaxis, tuple(t.y)) for t in fig.data} == {
+        (f"x{n if n > 1 else ''}", (0.9, 0.8, 0.7)) for n in range(1, 2 * len(keys) + 1)
+    }
 
 
 def test_contrast_forest_colours_significant_reversals():
@@ -263,14 +309,21 @@ def sample_report(name="<script>window.__pwned=1</script>") -> ReportData:
 
     def history(i, a, k, s):
         steps = [0, 10, 20, 30]
-        return {key: curve(steps, [0.3 + 0.1 * i, 0.5, 0.6 - 0.1 * a * (k > 0), 0.6 - 0.2 * a * (k > 0)]) for key in keys}
+        return {
+            key: curve(steps, [0.3 + 0.1 * i, 0.5, 0.6 - 0.1 * a * (k > 0), 0.6 - 0.2 * a * (k > 0)]) for key in keys
+        }
 
     records = grid_records(bilinear, history=history)
     records[0] = dict(records[0], run_name=name)
     records.append(trial("failed", 1.5, 1.0, 0, 9, None, fail_reason="RayTaskError: <oops>"))
-    return ReportData(title="Synthetic <report>", runs=frame(records), curves=curves_frame(records),
-                      sources={"MLflow": "sqlite:///x.db"}, parent_links=[("synthetic", f"{UI}/#/experiments/7/runs/p")],
-                      n_boot=300)
+    return ReportData(
+        title="Synthetic <report>",
+        runs=frame(records),
+        curves=curves_frame(records),
+        sources={"MLflow": "sqlite:///x.db"},
+        parent_links=[("synthetic", f"{UI}/#/experiments/7/runs/p")],
+        n_boot=300,
+    )
 
 
 def test_html_is_self_contained_and_escapes_user_text():
@@ -287,8 +340,10 @@ def test_html_is_self_contained_and_escapes_user_text():
 
 
 def test_reports_import_no_torch():
-    code = "import sys, reports.build, reports.html; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
-           "('torch', 'ray', 'prefect', 'optuna')))"
+    code = (
+        "import sys, reports.build, reports.html; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'ray', 'prefect', 'optuna')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -11,7 +11,9 @@ def sampler_and_batch(tiny_warm_state, n=24, seed=0, version=3):
     cfg = tiny_config()
     model = build_model(cfg, 0)
     model.load_state_dict(tiny_warm_state)
-    sampler = TorchSampler(model, ToolMathTask(cfg.task), EpisodeLimits(cfg.task.max_response_tokens, cfg.task.max_tool_calls, 1.0, 0.0))
+    sampler = TorchSampler(
+        model, ToolMathTask(cfg.task), EpisodeLimits(cfg.task.max_response_tokens, cfg.task.max_tool_calls, 1.0, 0.0)
+    )
     problems = make_problems(n, cfg.task.operand_digits, cfg.task.ops, seed)
     return cfg, sampler, sampler.sample(problems, version, torch.Generator().manual_seed(seed))
 
@@ -37,7 +39,7 @@ def test_environment_tokens_are_tool_output_with_mask_zero(tiny_warm_state):
                 j = k + 1
             else:
                 j += 1
-        assert torch.all(batch.mask[i, len(response):] == 0)
+        assert torch.all(batch.mask[i, len(response) :] == 0)
     assert n_calls > 0  # the warm-started policy does call the tool
     assert torch.all(batch.logp_behavior[batch.mask == 0] == 0)
     assert torch.all(batch.logp_behavior[batch.mask == 1] <= 0)

@@ -41,8 +41,21 @@ def test_every_fact_is_the_top_passage_for_its_subject_and_relation():
 def test_query_parser_cases():
     assert parse_query("kap job") == ("kap", "job")
     assert parse_query("a b c d") == ("a", "b", "c", "d")
-    for bad in ("", " kap", "kap ", "kap  job", "Kap job", "kap\tjob", "kap job hq head x", "k" * (MAX_QUERY_CHARS + 1),
-                "kap;job", "kap_job", "kapé", None, 3):
+    for bad in (
+        "",
+        " kap",
+        "kap ",
+        "kap  job",
+        "Kap job",
+        "kap\tjob",
+        "kap job hq head x",
+        "k" * (MAX_QUERY_CHARS + 1),
+        "kap;job",
+        "kap_job",
+        "kapé",
+        None,
+        3,
+    ):
         assert parse_query(bad) is None, bad
     assert TASK.tool("qqq zzz") == ERROR  # no passage shares a word
     assert TASK.tool("") == ERROR
@@ -69,7 +82,7 @@ def test_search_tool_fuzz_on_the_vocabulary(text):
 def replay(task, prompt_response: str, prompt: str) -> str:
     """Feed a response through the sampler's environment: policy characters in, tool output out."""
     env = ToolEpisodes(1, task, CharCodec(task.vocab), max_tool_calls=3)
-    response = prompt_response[len(prompt):]
+    response = prompt_response[len(prompt) :]
     mask = environment_mask(response)
     written = []
     for ch, m in zip(response, mask):
@@ -107,7 +120,8 @@ def test_hand_example():
     city = TASK.kb.facts[company, "hq"]
     assert q.answer == city and q.prompt.endswith(f"{q.start} job hq=") and len(q.prompt) == TASK.prompt_width
     assert TASK.demonstration(q, "correct", random.Random(0)) == (
-        f"[{q.start} job]{q.start} job {company};[{company} hq]{company} hq {city};{city}.")
+        f"[{q.start} job]{q.start} job {company};[{company} hq]{company} hq {city};{city}."
+    )
     assert TASK.reward(q, f"{city}.", 0.0) == 1.0
     assert TASK.reward(q, f"[{q.start} job]{q.start} job {company};{city}.", 0.0) == 1.0
     assert TASK.reward(q, f"{city}", 0.0) == 0.0  # no answer end
@@ -141,8 +155,11 @@ def test_search_config_validation_names_the_field():
 
 
 def test_a_short_search_run_warm_starts_trains_and_evaluates():
-    cfg = RunConfig(task=SearchTaskConfig(n_eval=16), warm_start=WarmStartConfig(steps=20, batch_size=32),
-                    train=TrainConfig(steps=3, batch_size=16, minibatches=2, eval_every=3))
+    cfg = RunConfig(
+        task=SearchTaskConfig(n_eval=16),
+        warm_start=WarmStartConfig(steps=20, batch_size=32),
+        train=TrainConfig(steps=3, batch_size=16, minibatches=2, eval_every=3),
+    )
     assert warm_start_key(cfg) != warm_start_key(RunConfig())
     shape = model_shape(cfg)
     assert shape.vocab_size == len(TASK.vocab) and shape.block_size == TASK.prompt_width + 56

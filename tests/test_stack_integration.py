@@ -33,14 +33,37 @@ def free_port() -> int:
 
 def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
-        env = dict(os.environ, PREFECT_API_URL=f"{stack.prefect_url}/api", MLFLOW_TRACKING_URI=stack.mlflow_url,
-                   COPC_DATA_DIR=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect-client"))
-        server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve"], cwd=ROOT, env=env,
-                                  stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT)
+        env = dict(
+            os.environ,
+            PREFECT_API_URL=f"{stack.prefect_url}/api",
+            MLFLOW_TRACKING_URI=stack.mlflow_url,
+            COPC_DATA_DIR=str(tmp_path),
+            PREFECT_HOME=str(tmp_path / "prefect-client"),
+        )
+        server = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp_path / "serve.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         try:
-            params = {"params": {"name": "it", "data_dir": str(tmp_path), "base": tiny_config().model_dump(mode="json"),
-                                 "space": {"methods": [{"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0, 2.0]},
-                                                       {"name": "tis"}], "staleness": [1], "seeds": [0], "steps": 2}}}
+            params = {
+                "params": {
+                    "name": "it",
+                    "data_dir": str(tmp_path),
+                    "base": tiny_config().model_dump(mode="json"),
+                    "space": {
+                        "methods": [
+                            {"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0, 2.0]},
+                            {"name": "tis"},
+                        ],
+                        "staleness": [1],
+                        "seeds": [0],
+                        "steps": 2,
+                    },
+                }
+            }
             trigger = textwrap.dedent(f"""
                 import json, time
                 from prefect.deployments import run_deployment
@@ -58,10 +81,11 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 run = run_deployment("copc-sweep/embedded", parameters=json.loads({json.dumps(json.dumps(params))}),
                                      timeout=600)
                 print("STATE", run.state.type.value)
-                from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+                from prefect.client.schemas import filters as F
                 with get_client(sync_client=True) as c:  # what the UI shows of this flow run: its log and artifact
-                    logs = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-                    arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+                    logs = c.read_logs(log_filter=F.LogFilter(flow_run_id=F.LogFilterFlowRunId(any_=[run.id])))
+                    arts = c.read_artifacts(
+                        artifact_filter=F.ArtifactFilter(flow_run_id=F.ArtifactFilterFlowRunId(any_=[run.id])))
                 print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
                 print("ARTIFACT", json.dumps([a.data for a in arts if a.key == "copc-sweep"]))
                 # a caller of the API may not choose where files are written
@@ -69,8 +93,9 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                     "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
                 print("EVIL", evil.state.type.value)
             """)
-            out = subprocess.run([sys.executable, "-c", trigger], cwd=ROOT, env=env, capture_output=True, text=True,
-                                 timeout=900)
+            out = subprocess.run(
+                [sys.executable, "-c", trigger], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+            )
             assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
             assert "TRIAL_LINES 3" in out.stdout  # a log line per trial in the flow run, as it ends
@@ -107,14 +132,21 @@ def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(t
         api = f"{stack.prefect_url}/api"
         with urllib.request.urlopen(f"{stack.prefect_url}/ui-settings", timeout=10) as r:
             assert json.loads(r.read())["api_url"] == api
-        post = urllib.request.Request(f"{api}/flows/", data=json.dumps({"name": "x"}).encode(), method="POST",
-                                      headers={"Content-Type": "application/json", "Origin": "http://evil.example"})
+        post = urllib.request.Request(
+            f"{api}/flows/",
+            data=json.dumps({"name": "x"}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Origin": "http://evil.example"},
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(post, timeout=10)
         assert refused.value.code == 403
         assert refused.value.headers.get("access-control-allow-origin") in (None, stack.prefect_url)
-        preflight = urllib.request.Request(f"{api}/flows/", method="OPTIONS", headers={
-            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+        preflight = urllib.request.Request(
+            f"{api}/flows/",
+            method="OPTIONS",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
         try:
             with urllib.request.urlopen(preflight, timeout=10) as r:
                 allowed = r.headers.get("access-control-allow-origin")
@@ -128,9 +160,14 @@ def test_the_servers_die_with_the_process_that_started_them(tmp_path):
     import signal
 
     pp, mp = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port",
-                             str(mp)], cwd=ROOT, env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
+        cwd=ROOT,
+        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline:
         line = proc.stdout.readline()
@@ -157,9 +194,14 @@ def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path
     import urllib.request
 
     pp, mp = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
-                            cwd=ROOT, env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
+        cwd=ROOT,
+        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.time() + 300
@@ -195,9 +237,25 @@ def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path):
     cached_warm_start(base, tmp_path / "cache")
     (tmp_path / "base.json").write_text(base.model_dump_json())
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"COPC_DATA_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "sweep", "--name", "k", "--config",
-                             str(tmp_path / "base.json"), "--steps", "200"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "sweep",
+            "--name",
+            "k",
+            "--config",
+            str(tmp_path / "base.json"),
+            "--steps",
+            "200",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = None
     deadline = time.time() + 300
     while time.time() < deadline and url is None:
@@ -228,12 +286,21 @@ def test_copc_dashboard_serves_the_sweeps_studies_on_loopback_and_stops_on_sigte
 
     space = SweepSpace(methods=["tis"], staleness=[0], seeds=[0], steps=2)
     sweep = open_study("dash", f"sqlite:///{tmp_path / 'optuna.db'}")
-    run_study(sweep, pending_points(sweep, space),
-              lambda ps, on_result: on_result(0, TrialResult(summary(0.625), objective=0.625)))
+    run_study(
+        sweep,
+        pending_points(sweep, space),
+        lambda ps, on_result: on_result(0, TrialResult(summary(0.625), objective=0.625)),
+    )
     port = free_port()
     env = dict(os.environ, COPC_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while not _listening(port):
@@ -242,8 +309,9 @@ def test_copc_dashboard_serves_the_sweeps_studies_on_loopback_and_stops_on_sigte
         studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30).read())
         (study,) = studies["study_summaries"]
         assert study["study_name"] == "dash"
-        detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}",
-                                                   timeout=30).read())
+        detail = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30).read()
+        )
         (trial,) = detail["trials"]
         attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
         assert trial["values"] == [0.625] and attrs["final_accuracy"] == "0.625" and attrs["method"] == "tis"
@@ -263,6 +331,12 @@ def test_copc_dashboard_serves_the_sweeps_studies_on_loopback_and_stops_on_sigte
 
 
 def test_copc_dashboard_without_a_storage_exits_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "dashboard"], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "dashboard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
+        timeout=120,
+    )
     assert out.returncode == 2 and "run a sweep first" in out.stderr and not (tmp_path / "optuna.db").exists()

@@ -18,33 +18,59 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_space(**kw):
-    return SweepSpace(**({"tau_policy": [2.0], "tau_advantage": [1.0, 2.0], "staleness": [0, 1], "seeds": [0],
-                          "steps": 2} | kw))
+    return SweepSpace(
+        **({"tau_policy": [2.0], "tau_advantage": [1.0, 2.0], "staleness": [0, 1], "seeds": [0], "steps": 2} | kw)
+    )
 
 
-def summary(final: float = 0.5, peak: float | None = None, auc: float | None = None, collapsed: bool = False,
-            **kw) -> RunSummary:
-    return RunSummary(**{"steps_completed": 2, "warm_start_accuracy": 0.3, "final_accuracy": final,
-                         "peak_accuracy": final if peak is None else peak, "auc_accuracy": final if auc is None else auc,
-                         "final_accuracy_greedy": final, "collapsed": collapsed, "collapse_step": 2 if collapsed else None,
-                         "collapse_reason": "accuracy" if collapsed else None, "collapse_step_train": None,
-                         "ess_drop_steps": [], "grad_norm_spike_steps": [], "mean_step_s": 0.1, "mean_rollout_s": 0.05,
-                         "mean_train_s": 0.05, "staleness_mean": 0.0, "staleness_max": 0.0,
-                         "staleness_updates_mean": 0.0, "kl_step_mean": None, "critic_explained_var_first": None,
-                         "critic_warmup_explained_var": None} | kw)
+def summary(
+    final: float = 0.5, peak: float | None = None, auc: float | None = None, collapsed: bool = False, **kw
+) -> RunSummary:
+    return RunSummary(
+        **{
+            "steps_completed": 2,
+            "warm_start_accuracy": 0.3,
+            "final_accuracy": final,
+            "peak_accuracy": final if peak is None else peak,
+            "auc_accuracy": final if auc is None else auc,
+            "final_accuracy_greedy": final,
+            "collapsed": collapsed,
+            "collapse_step": 2 if collapsed else None,
+            "collapse_reason": "accuracy" if collapsed else None,
+            "collapse_step_train": None,
+            "ess_drop_steps": [],
+            "grad_norm_spike_steps": [],
+            "mean_step_s": 0.1,
+            "mean_rollout_s": 0.05,
+            "mean_train_s": 0.05,
+            "staleness_mean": 0.0,
+            "staleness_max": 0.0,
+            "staleness_updates_mean": 0.0,
+            "kl_step_mean": None,
+            "critic_explained_var_first": None,
+            "critic_warmup_explained_var": None,
+        }
+        | kw
+    )
 
 
 def test_space_grid_and_configs():
     space = tiny_space()
     assert len(space.grid()) == 4
-    cfg = space.run_config(tiny_config(), {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1,
-                                           "seed": 3})
+    cfg = space.run_config(
+        tiny_config(), {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 3}
+    )
     assert cfg.method.tau_advantage == 1.0 and cfg.train.staleness == 1 and cfg.train.seed == 3 and cfg.train.steps == 2
 
 
 def test_methods_are_an_axis_with_their_own_bands_and_readings():
-    space = SweepSpace(methods=["copc", {"name": "copc", "anchor": "behavior"}, "sync_ppo", "tis"],
-                       tau_policy=[2.0, 4.0], tau_advantage=[1.0], staleness=[0, 4], seeds=[0, 1])
+    space = SweepSpace(
+        methods=["copc", {"name": "copc", "anchor": "behavior"}, "sync_ppo", "tis"],
+        tau_policy=[2.0, 4.0],
+        tau_advantage=[1.0],
+        staleness=[0, 4],
+        seeds=[0, 1],
+    )
     points = space.grid()
     by_method = {m: [p for p in points if p["method"] == m] for m in ("copc", "copc[behavior]", "sync_ppo", "tis")}
     assert [len(v) for v in by_method.values()] == [2 * 2 * 2, 2 * 2 * 2, 1 * 1 * 2, 1 * 2 * 2]
@@ -65,8 +91,17 @@ def test_methods_are_an_axis_with_their_own_bands_and_readings():
         SweepSpace(methods=["sync_ppo"], staleness=[4])
 
 
-@pytest.mark.parametrize("bad", [{"tau_policy": [0.5]}, {"tau_advantage": [math.nan]}, {"staleness": [-1]},
-                                 {"method": "tis"}, {"method": "nope"}, {"seeds": []}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tau_policy": [0.5]},
+        {"tau_advantage": [math.nan]},
+        {"staleness": [-1]},
+        {"method": "tis"},
+        {"method": "nope"},
+        {"seeds": []},
+    ],
+)
 def test_invalid_spaces_are_refused(bad):
     with pytest.raises(ValidationError):
         tiny_space(**bad)
@@ -87,8 +122,12 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
 
     def half_fail(params_list, on_result):
         for i, p in enumerate(params_list):
-            on_result(i, RuntimeError("worker exploded") if p["staleness"] == 1 else
-                      TrialResult(summary(0.5, collapsed=p["tau_advantage"] == 2.0), objective=0.25))
+            on_result(
+                i,
+                RuntimeError("worker exploded")
+                if p["staleness"] == 1
+                else TrialResult(summary(0.5, collapsed=p["tau_advantage"] == 2.0), objective=0.25),
+            )
 
     run_study(sweep, pending_points(sweep, space), half_fail)
     states = [t.state for t in study.trials]
@@ -97,8 +136,10 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
     assert all(t.user_attrs[MANAGED] and t.user_attrs["method"] == "copc" for t in study.trials)
     # the run's outcome is on the trial, for optuna-dashboard and load_study users
     done = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.params["tau_advantage"])
-    assert [(t.value, t.user_attrs["final_accuracy"], t.user_attrs["collapsed"], t.user_attrs["collapse_step"])
-            for t in done] == [(0.25, 0.5, False, None), (0.25, 0.5, True, 2)]
+    assert [
+        (t.value, t.user_attrs["final_accuracy"], t.user_attrs["collapsed"], t.user_attrs["collapse_step"])
+        for t in done
+    ] == [(0.25, 0.5, False, None), (0.25, 0.5, True, 2)]
     # a trial left RUNNING by a version without heartbeats: nobody runs it; marked FAIL, its point rerun
     study.enqueue_trial({"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0})
     study.ask(DISTRIBUTIONS)
@@ -179,7 +220,9 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') >= 6 and 'id="summary"' in page
     assert sorted(a.path for a in client.list_artifacts(first.parent_run_id, "report")) == [
-        "report/plotly.min.js", "report/report.html"]
+        "report/plotly.min.js",
+        "report/report.html",
+    ]
     assert '<script type="text/javascript" src="plotly.min.js">' in page and (out.parent / "plotly.min.js").is_file()
     # the parent run describes the sweep: a per-cell table on its page and as JSON
     parent = client.get_run(first.parent_run_id)
@@ -242,19 +285,32 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     import time
 
     env = _sweep_files(tmp_path, tiny_warm_state, steps=30)
-    cmd = [sys.executable, "-m", "flows.cli", "sweep", "--name", "kill", "--space", str(tmp_path / "space.json"),
-           "--config", str(tmp_path / "base.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "sweep",
+        "--name",
+        "kill",
+        "--space",
+        str(tmp_path / "space.json"),
+        "--config",
+        str(tmp_path / "base.json"),
+    ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
 
     def complete():
         try:
-            return [t for t in optuna.load_study(study_name="kill", storage=storage).trials if t.state.name == "COMPLETE"]
+            return [
+                t for t in optuna.load_study(study_name="kill", storage=storage).trials if t.state.name == "COMPLETE"
+            ]
         except Exception:  # study not created yet
             return []
 
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 600
     while not complete() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -280,9 +336,25 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "sweep", "--name", name, "--space", str(space_file),
-                             "--config", str(base_file)], cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "sweep",
+            "--name",
+            name,
+            "--space",
+            str(space_file),
+            "--config",
+            str(base_file),
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state):
@@ -301,8 +373,13 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
         except Exception:  # not created yet
             pass
         time.sleep(0.2)
-    second = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json",
-                                dict(env, PREFECT_HOME=str(tmp_path / "prefect2")))
+    second = _run_sweep_process(
+        tmp_path,
+        "both",
+        tmp_path / "space.json",
+        tmp_path / "base.json",
+        dict(env, PREFECT_HOME=str(tmp_path / "prefect2")),
+    )
     outs = [p.communicate(timeout=900) for p in (first, second)]
     assert first.returncode == 0 and second.returncode == 0, [err[-3000:] for _, err in outs]
     study = optuna.load_study(study_name="both", storage=storage)
@@ -314,8 +391,9 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in runs}
 
 
-def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(tmp_path, tiny_warm_state,
-                                                                                      monkeypatch):
+def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(
+    tmp_path, tiny_warm_state, monkeypatch
+):
     """The window between logging a trial to MLflow and telling Optuna: a sweep that dies there leaves a
     RUNNING trial and a finished MLflow run; the next sweep tells Optuna that run's result and trains nothing."""
     import sweeps.study as study_mod
@@ -366,14 +444,21 @@ def test_a_study_grows_by_seeds_lags_and_methods_between_sessions(tmp_path):
     def finish(space):
         sweep = open_study("g", storage)
         todo = pending_points(sweep, space)
-        run_study(sweep, todo, lambda ps, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5))
-                                                       for i in range(len(ps))])
+        run_study(
+            sweep,
+            todo,
+            lambda ps, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(ps))],
+        )
         return todo
 
     small = tiny_space(tau_advantage=[1.0], staleness=[0])
     assert len(finish(small)) == 1
-    grown = SweepSpace(methods=[{"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0]}, "tis"],
-                       staleness=[0, 4], seeds=[0, 1], steps=2)
+    grown = SweepSpace(
+        methods=[{"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0]}, "tis"],
+        staleness=[0, 4],
+        seeds=[0, 1],
+        steps=2,
+    )
     added = finish(grown)
     assert len(added) == len(grown.grid()) - 1 and small.grid()[0] not in added
     assert pending_points(open_study("g", storage), grown) == []
@@ -396,11 +481,29 @@ def test_best_per_level_names_every_tied_cell_and_says_when_all_collapsed():
     from flows.sweep_job import best_per_level
 
     def row(method, tp, ta, k, mean, collapsed=0, seeds=2):
-        return {"method": method, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seeds": seeds,
-                "objective_mean": mean, "objective_sd": 0.0, "final_mean": mean, "final_sd": 0.0, "collapsed": collapsed}
+        return {
+            "method": method,
+            "tau_policy": tp,
+            "tau_advantage": ta,
+            "staleness": k,
+            "seeds": seeds,
+            "objective_mean": mean,
+            "objective_sd": 0.0,
+            "final_mean": mean,
+            "final_sd": 0.0,
+            "collapsed": collapsed,
+        }
 
-    rows = [row("copc", 2.0, 1.0, 0, 0.9), row("copc", 2.0, 2.0, 0, 0.9), row("tis", None, None, 0, 0.8),
-            row("copc", 2.0, 1.0, 4, -0.5, 2), row("copc", 2.0, 2.0, 4, -0.496, 2), row("tis", None, None, 4, -0.5, 2),
-            row("copc", 4.0, 1.0, 4, 0.0, seeds=0)]  # a cell with no finished run does not compete
-    assert best_per_level(rows) == ["k=0: 0.900 (2 cells tie: copc tp=2 ta=1, copc tp=2 ta=2)",
-                                     "k=4: -0.496 copc tp=2 ta=2 — every run collapsed"]
+    rows = [
+        row("copc", 2.0, 1.0, 0, 0.9),
+        row("copc", 2.0, 2.0, 0, 0.9),
+        row("tis", None, None, 0, 0.8),
+        row("copc", 2.0, 1.0, 4, -0.5, 2),
+        row("copc", 2.0, 2.0, 4, -0.496, 2),
+        row("tis", None, None, 4, -0.5, 2),
+        row("copc", 4.0, 1.0, 4, 0.0, seeds=0),
+    ]  # a cell with no finished run does not compete
+    assert best_per_level(rows) == [
+        "k=0: 0.900 (2 cells tie: copc tp=2 ta=1, copc tp=2 ta=2)",
+        "k=4: -0.496 copc tp=2 ta=2 — every run collapsed",
+    ]

@@ -163,6 +163,7 @@ def test_training_reward_collapse_is_reported_beside_the_held_out_one(tiny_warm_
 
 # ---- stability rules ----
 
+
 def test_collapse_rule():
     steps = [0, 10, 20, 30, 40]
     assert collapse_step(steps, [0.3, 0.8, 0.9, 0.2, 0.0]) == 30
@@ -190,7 +191,7 @@ def test_critic_layouts_share_the_warm_started_policy():
     for name, value in shared.items():
         if not name.startswith("value_head"):
             assert torch.equal(value, separate[name]) and torch.equal(value, copied[name]), name
-    trunk = {k[len("trunk."):]: v for k, v in shared.items() if k.startswith("trunk.")}
+    trunk = {k[len("trunk.") :]: v for k, v in shared.items() if k.startswith("trunk.")}
     assert all(torch.equal(copied[f"critic_trunk.{k}"], v) for k, v in trunk.items())
     assert not all(torch.equal(separate[f"critic_trunk.{k}"], v) for k, v in trunk.items())
     with pytest.raises(ValueError, match="separate_critic"):

@@ -13,8 +13,9 @@ from copc_core.vllm_engine import WeightSyncTimeout, hf_weights, vllm_unavailabl
 
 def test_the_skip_condition_names_what_is_missing(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec",
-                        lambda name: None if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(
+        vllm_engine.importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name)
+    )
     assert "not installed" in vllm_unavailable_reason()
     monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(vllm_engine.torch.cuda, "is_available", lambda: False)
@@ -33,8 +34,12 @@ def test_gpu_tests_carry_the_skip_exactly_when_the_condition_says(request):
 
 
 def test_only_the_causal_lm_weights_travel_to_vllm():
-    state = {"policy.model.embed_tokens.weight": torch.zeros(2), "policy.lm_head.weight": torch.ones(2),
-             "value_head.weight": torch.ones(1), "critic_trunk.layers.0.w": torch.ones(1)}
+    state = {
+        "policy.model.embed_tokens.weight": torch.zeros(2),
+        "policy.lm_head.weight": torch.ones(2),
+        "value_head.weight": torch.ones(1),
+        "critic_trunk.layers.0.w": torch.ones(1),
+    }
     assert set(hf_weights(state)) == {"model.embed_tokens.weight", "lm_head.weight"}
 
 
@@ -70,10 +75,14 @@ def gpu_setup(tmp_path_factory):
     from copc_core.warmstart import warm_start
 
     path = save_tiny_model(tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(TaskConfig()))
-    cfg = RunConfig(model=ModelConfig(backend="hf", hf_model=str(path), device="cuda", rollout_engine="vllm",
-                                      vllm_gpu_memory_utilization=0.2),
-                    task=TaskConfig(n_eval=16), warm_start=WarmStartConfig(steps=100, batch_size=32),
-                    train=TrainConfig(steps=3, batch_size=16, minibatches=2, eval_every=3, staleness=1))
+    cfg = RunConfig(
+        model=ModelConfig(
+            backend="hf", hf_model=str(path), device="cuda", rollout_engine="vllm", vllm_gpu_memory_utilization=0.2
+        ),
+        task=TaskConfig(n_eval=16),
+        warm_start=WarmStartConfig(steps=100, batch_size=32),
+        train=TrainConfig(steps=3, batch_size=16, minibatches=2, eval_every=3, staleness=1),
+    )
     return cfg, warm_start(cfg)
 
 

@@ -81,9 +81,14 @@ class TokenMDP:
 def make_mdp(vocab: int = 3, horizon: int = 3, seed: int = 0, logit_scale: float = 1.0) -> TokenMDP:
     g = torch.Generator().manual_seed(seed)
     nodes = sum(vocab**t for t in range(horizon))
-    return TokenMDP(vocab, horizon, logit_scale * torch.randn(nodes, vocab, generator=g, dtype=DTYPE),
-                    torch.randn(nodes, vocab, generator=g, dtype=DTYPE), torch.randn(nodes, generator=g, dtype=DTYPE),
-                    torch.rand(vocab**horizon, generator=g, dtype=DTYPE))
+    return TokenMDP(
+        vocab,
+        horizon,
+        logit_scale * torch.randn(nodes, vocab, generator=g, dtype=DTYPE),
+        torch.randn(nodes, vocab, generator=g, dtype=DTYPE),
+        torch.randn(nodes, generator=g, dtype=DTYPE),
+        torch.rand(vocab**horizon, generator=g, dtype=DTYPE),
+    )
 
 
 def token_log_probs(mdp: TokenMDP, logits: Tensor, tokens: Tensor) -> Tensor:
@@ -170,8 +175,17 @@ def updates(mdp: TokenMDP, method: MethodConfig, staleness: float, critic_error:
     def coefficient(advantages: Tensor) -> Tensor:
         """−N ∂L/∂log π_t: the factor on ∇log π(y_t) in the learner's first actor step."""
         lp = logp.detach().clone().requires_grad_(True)
-        loss = actor_loss(spec.policy, lp, terms.anchor, advantages, correction, mask, method.clip_low,
-                          method.clip_high, method.dual_clip).loss
+        loss = actor_loss(
+            spec.policy,
+            lp,
+            terms.anchor,
+            advantages,
+            correction,
+            mask,
+            method.clip_low,
+            method.clip_high,
+            method.dual_clip,
+        ).loss
         (grad,) = torch.autograd.grad(loss, lp)
         return -denominator * grad
 
@@ -209,10 +223,19 @@ def decompose(mdp: TokenMDP, method: MethodConfig, staleness: float, critic_erro
         cond_var = torch.zeros_like(cond_mean).index_add_(0, group, q * dev.square())[group]
         amplification += (mu * u.weight[:, t].square() * cond_var * u.grad_logp[:, t].square().sum(-1)).sum()
     bias = mean - g_star
-    return {"g_star": g_star, "g_star_via_mu": expect(u.rho_star * u.true_advantages), "mean_update": mean,
-            "bias": bias, "policy_term": expect(dw * u.true_advantages), "advantage_term": expect(u.rho_star * da),
-            "cross_term": expect(dw * da), "bias_norm": float(bias.norm()), "variance": variance,
-            "amplification": float(amplification), "mu_total": float(mu.sum())}
+    return {
+        "g_star": g_star,
+        "g_star_via_mu": expect(u.rho_star * u.true_advantages),
+        "mean_update": mean,
+        "bias": bias,
+        "policy_term": expect(dw * u.true_advantages),
+        "advantage_term": expect(u.rho_star * da),
+        "cross_term": expect(dw * da),
+        "bias_norm": float(bias.norm()),
+        "variance": variance,
+        "amplification": float(amplification),
+        "mu_total": float(mu.sum()),
+    }
 
 
 def sample_tokens(mdp: TokenMDP, staleness: float, n: int, generator: torch.Generator) -> Tensor:
@@ -239,8 +262,9 @@ class AnalysisSpec(BaseModel):
     method: str = Field("copc", description="a registered method with both bands (τ_p and τ_a)")
     tau_policy: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
     tau_advantage: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
-    staleness: list[float] = Field([0.25, 0.5, 1.0], min_length=1,
-                                   description="ε ≥ 0: μ's logits are θ + ε·D (0 = on-policy)")
+    staleness: list[float] = Field(
+        [0.25, 0.5, 1.0], min_length=1, description="ε ≥ 0: μ's logits are θ + ε·D (0 = on-policy)"
+    )
     critic_error: float = Field(0.3, ge=0.0, allow_inf_nan=False, description="σ: V̂ = V^π + σ·ξ")
     batch_size: int = Field(64, ge=1, description="trajectories per update, for MSE = ‖bias‖² + variance / B")
     vocab: int = Field(3, ge=2, le=8)
@@ -267,8 +291,9 @@ class AnalysisSpec(BaseModel):
     @model_validator(mode="after")
     def _sized(self) -> AnalysisSpec:
         if self.vocab**self.horizon > MAX_TRAJECTORIES:
-            raise ValueError(f"vocab^horizon = {self.vocab**self.horizon} trajectories; at most {MAX_TRAJECTORIES} "
-                             "are enumerated")
+            raise ValueError(
+                f"vocab^horizon = {self.vocab**self.horizon} trajectories; at most {MAX_TRAJECTORIES} are enumerated"
+            )
         self.method_config(self.tau_policy[0], self.tau_advantage[0])  # unknown method, or one without both bands
         return self
 
@@ -290,14 +315,35 @@ def grid(spec: AnalysisSpec, on_point: Callable[[int, int], None] | None = None)
     rows = []
     for i, (eps, tp, ta) in enumerate(points):
         result = decompose(mdp, spec.method_config(tp, ta), eps, spec.critic_error)
-        rows.append({"method": spec.method, "staleness": eps, "tau_policy": tp, "tau_advantage": ta,
-                     "bias_norm": result["bias_norm"], "policy_term": float(result["policy_term"].norm()),
-                     "advantage_term": float(result["advantage_term"].norm()),
-                     "cross_term": float(result["cross_term"].norm()), "variance": result["variance"],
-                     "amplification": result["amplification"], "mse": mse(result, spec.batch_size)})
+        rows.append(
+            {
+                "method": spec.method,
+                "staleness": eps,
+                "tau_policy": tp,
+                "tau_advantage": ta,
+                "bias_norm": result["bias_norm"],
+                "policy_term": float(result["policy_term"].norm()),
+                "advantage_term": float(result["advantage_term"].norm()),
+                "cross_term": float(result["cross_term"].norm()),
+                "variance": result["variance"],
+                "amplification": result["amplification"],
+                "mse": mse(result, spec.batch_size),
+            }
+        )
         if on_point:
             on_point(i + 1, len(points))
     return rows
 
 
-__all__ = ["AnalysisSpec", "TokenMDP", "make_mdp", "updates", "decompose", "sample_tokens", "grid", "mse", "state_values", "grad_log_probs"]
+__all__ = [
+    "AnalysisSpec",
+    "TokenMDP",
+    "make_mdp",
+    "updates",
+    "decompose",
+    "sample_tokens",
+    "grid",
+    "mse",
+    "state_values",
+    "grad_log_probs",
+]

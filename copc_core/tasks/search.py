@@ -40,8 +40,12 @@ MAX_QUERY_CHARS = 24
 MAX_QUERY_WORDS = 4
 
 # relation → (subject type, object type)
-RELATIONS = {"job": ("person", "company"), "home": ("person", "city"), "hq": ("company", "city"),
-             "head": ("company", "person")}
+RELATIONS = {
+    "job": ("person", "company"),
+    "home": ("person", "city"),
+    "hq": ("company", "city"),
+    "head": ("company", "person"),
+}
 PATHS = {"person": [("job",), ("home",), ("job", "hq"), ("job", "head")], "company": [("hq",), ("head",)]}
 _CONSONANTS, _VOWELS = "bcdfghjklmnprstvz", "aeiou"
 _NAME_SHAPES = {"person": "cvc", "company": "cvcv", "city": "cvcc"}
@@ -138,8 +142,9 @@ class SearchTask:
         people = self.kb.entities["person"]
         self.held_out_people = people[: config.n_held_out]
         self.train_people = people[config.n_held_out :]
-        self.prompt_width = max(len(" ".join((s, *p)) + "=") for kind, paths in PATHS.items()
-                                for s in self.kb.entities[kind] for p in paths)
+        self.prompt_width = max(
+            len(" ".join((s, *p)) + "=") for kind, paths in PATHS.items() for s in self.kb.entities[kind] for p in paths
+        )
 
     def question(self, start: str, path: tuple[str, ...]) -> Question:
         return Question(start, path, self.kb.follow(start, path)[-1], self.prompt_width)

@@ -173,7 +173,6 @@ def reward(problem: Problem, response: str, format_reward: float) -> float:
     return 1.0 if answer == problem.answer else format_reward
 
 
-
 class ToolMathTask:
     """The `Task` interface over this module (copc_core.tasks.base); built from a `TaskConfig`."""
 
