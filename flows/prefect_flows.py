@@ -46,12 +46,18 @@ class TrainParams(BaseModel):
     _data_dir = _confined("data_dir", "path")
 
 
+def _embedded() -> tuple[SweepSpace, RunConfig]:
+    from sweeps.presets import sweep_preset
+
+    return sweep_preset("embedded-default")
+
+
 class SweepParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: SweepName = "embedded-default"
-    space: SweepSpace = Field(default_factory=SweepSpace)
-    base: RunConfig = Field(default_factory=RunConfig)
+    space: SweepSpace = Field(default_factory=lambda: _embedded()[0])
+    base: RunConfig = Field(default_factory=lambda: _embedded()[1])
     storage: Optional[str] = None
     tracking_uri: Optional[str] = None
     sampler: Literal["grid", "tpe"] = "grid"

@@ -62,8 +62,17 @@ REGIME_SPACE = SweepSpace(
     steps=300,
 )
 
+# `copc sweep` with no arguments: COPC's 2 × 2 (τ_p, τ_a) grid at a lag of 64 optimizer updates, 3 seeds, in the
+# regime; 200 learner steps (≥ 4× the lag; learning at k = 0 is ~90 % done by then). About 8 minutes on 2 cores.
+EMBEDDED_SPACE = SweepSpace(
+    methods=[SweptMethod(name="copc", tau_policy=[1.5, 4.0], tau_advantage=[1.0, 2.0])],
+    staleness=[32],
+    seeds=[0, 1, 2],
+    steps=200,
+)
+
 PRESETS: dict[str, tuple[SweepSpace, RunConfig]] = {
-    "embedded-default": (SweepSpace(), RunConfig()),
+    "embedded-default": (EMBEDDED_SPACE, REGIME_BASE),
     "claims-tool-math": (CLAIMS_SPACE, RunConfig()),
     "claims-search": (CLAIMS_SPACE, RunConfig(task=SearchTaskConfig())),
     # every reading of COPC, every baseline, narrow τ_a bands, 5 seeds, in the regime: grow it with flags
