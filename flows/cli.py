@@ -106,16 +106,28 @@ def build_run_config(
         _fail(str(err))
 
 
+def _default(path: str) -> str:
+    """The default RunConfig's value at a dotted path, for --help (a flag left out keeps it)."""
+    from copc_core.config import RunConfig
+
+    node = RunConfig().model_dump()
+    for key in path.split("."):
+        node = node[key]
+    return f" (default {node})"
+
+
 @app.command()
 def train(
-    method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)"),
+    method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)" + _default("method.name")),
     task: Optional[str] = typer.Option(None, help="built-in task: tool_math (default) | search"),
     staleness: Optional[int] = typer.Option(
         None,
         help="controlled lag k in versions (learner steps; one version = "
-        "minibatches × epochs optimizer updates; 0 = synchronous)",
+        "minibatches × epochs optimizer updates; 0 = synchronous)" + _default("train.staleness"),
     ),
-    lag: Optional[str] = typer.Option(None, help="exact (every batch k versions old) | uniform (lag drawn from 0..k)"),
+    lag: Optional[str] = typer.Option(
+        None, help="exact (every batch k versions old) | uniform (lag drawn from 0..k)" + _default("train.lag")
+    ),
     eta: Optional[int] = typer.Option(
         None,
         help="bounded staleness η instead of a controlled lag: free-running "
@@ -125,16 +137,22 @@ def train(
         None, help="PPO ratio anchor: behavior | recomputed | interpolated (default: the method's; see `copc methods`)"
     ),
     separate_critic: Optional[bool] = typer.Option(
-        None, "--separate-critic/--shared-critic", help="critic trunk of its own, or the value head on the policy's"
+        None,
+        "--separate-critic/--shared-critic",
+        help="critic trunk of its own, or the value head on the policy's" + _default("model.separate_critic"),
     ),
-    critic_warmup_steps: Optional[int] = typer.Option(None, help="value-only updates before the first policy update"),
-    tau_policy: Optional[float] = typer.Option(None, help="policy mask band τ_p ≥ 1 (inf: no mask)"),
-    tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1"),
-    seed: Optional[int] = typer.Option(None, help="training seed"),
-    steps: Optional[int] = typer.Option(None, help="learner steps"),
-    batch_size: Optional[int] = typer.Option(None, help="episodes per learner step"),
-    lr: Optional[float] = typer.Option(None, help="learning rate"),
-    eval_every: Optional[int] = typer.Option(None, help="evaluate every N steps"),
+    critic_warmup_steps: Optional[int] = typer.Option(
+        None, help="value-only updates before the first policy update" + _default("train.critic_warmup_steps")
+    ),
+    tau_policy: Optional[float] = typer.Option(
+        None, help="policy mask band τ_p ≥ 1 (inf: no mask) (default: the method's)"
+    ),
+    tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1 (default: the method's)"),
+    seed: Optional[int] = typer.Option(None, help="training seed" + _default("train.seed")),
+    steps: Optional[int] = typer.Option(None, help="learner steps" + _default("train.steps")),
+    batch_size: Optional[int] = typer.Option(None, help="episodes per learner step" + _default("train.batch_size")),
+    lr: Optional[float] = typer.Option(None, help="learning rate" + _default("train.lr")),
+    eval_every: Optional[int] = typer.Option(None, help="evaluate every N steps" + _default("train.eval_every")),
     config: Optional[pathlib.Path] = typer.Option(None, help="a RunConfig JSON file (flags override it)"),
     run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
@@ -152,9 +170,11 @@ def train(
     hf_model: Optional[str] = typer.Option(
         None, help="a Hugging Face causal LM (Hub id or local directory) instead of the tiny GPT"
     ),
-    device: Optional[str] = typer.Option(None, help="cpu | cuda | auto (where the model runs)"),
+    device: Optional[str] = typer.Option(
+        None, help="cpu | cuda | auto (where the model runs)" + _default("model.device")
+    ),
     rollout_workers: Optional[int] = typer.Option(
-        None, help="Ray rollout actors (one GPU each in the scale-out presets)"
+        None, help="Ray rollout actors (one GPU each in the scale-out presets)" + _default("resources.rollout_workers")
     ),
 ) -> None:
     """Train one run: the embedded default (tiny GPT, tool-math task, or --task search), a preset, or an HF model."""

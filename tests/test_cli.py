@@ -271,3 +271,18 @@ def test_the_run_presets_validate_and_size_the_cluster():
             m, r = cfg.model, cfg.resources
             assert (m.backend, m.rollout_engine, m.device) == ("hf", "vllm", "cuda") and m.hf_model.startswith("Qwen/")
             assert r.rollout_gpus == 1 and r.learner_gpus == 1 and cfg.train.staleness > 0
+
+
+def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_path):
+    from copc_core.config import RunConfig
+
+    out = copc("train", "--help", data_dir=tmp_path, COLUMNS="250")
+    d = RunConfig()
+    for text in (
+        f"(default {d.train.lr})",
+        f"(default {d.train.steps})",
+        f"(default {d.train.lag})",
+        f"(default {d.method.name})",
+        "(default: the method's)",
+    ):
+        assert text in out.stdout, text
