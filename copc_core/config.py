@@ -11,9 +11,17 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, WithJsonSchema, model_validator
 
 from copc_core.methods import FROZEN, Anchor, MethodSpec, method_names, method_spec, preset
+
+# A band τ ≥ 1 that may be ∞. JSON has no ∞: the models write it as the string "Infinity" (ser_json_inf_nan) and
+# read it back; the JSON schema says so, so that schema validators (Prefect's, for deployment parameters) accept it.
+BandValue = Annotated[
+    float,
+    Field(ge=1.0),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 1.0}, {"type": "string", "enum": ["Infinity", "inf"]}]}),
+]
 
 SEED_MAX = 2**31 - 1  # seeds feed Python's and torch's generators; the limits below are ones a laptop can hold
 
@@ -30,8 +38,8 @@ class MethodConfig(BaseModel):
     name: str = Field(
         "copc", json_schema_extra={"enum": method_names()}, description="registry method (`copc methods`)"
     )
-    tau_policy: float | None = Field(None, ge=1.0, description="policy mask band τ_p ≥ 1 (COPC channel 1)")
-    tau_advantage: float | None = Field(None, ge=1.0, description="advantage clip band τ_a ≥ 1 (COPC channel 2)")
+    tau_policy: BandValue | None = Field(None, description="policy mask band τ_p ≥ 1 (COPC channel 1)")
+    tau_advantage: BandValue | None = Field(None, description="advantage clip band τ_a ≥ 1 (COPC channel 2)")
     policy_weight: Literal["ratio", "one"] | None = None
     anchor: Anchor | None = Field(
         None,

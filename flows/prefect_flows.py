@@ -293,6 +293,14 @@ def copc_analysis(params: AnalysisParams) -> dict:
 DEPLOYMENT = "embedded"
 
 
+def _as_json(params: BaseModel) -> dict:
+    """Parameters as the JSON the Prefect API stores: ∞ as the string "Infinity" (which the models read back and
+    their schema allows), never a float that the API's JSON would turn into null."""
+    import json
+
+    return json.loads(params.model_dump_json())
+
+
 def deployments(data_dir: Optional[str] = None) -> list:
     """One deployment per flow, its parameters bound explicitly (the embedded defaults), plus one
     `copc-sweep` deployment per other sweep preset (sweeps/presets.py), named after it."""
@@ -301,24 +309,16 @@ def deployments(data_dir: Optional[str] = None) -> list:
     presets = [
         copc_sweep.to_deployment(
             name=name,
-            parameters={
-                "params": SweepParams(name=name, space=space, base=base, data_dir=data_dir).model_dump(mode="json")
-            },
+            parameters={"params": _as_json(SweepParams(name=name, space=space, base=base, data_dir=data_dir))},
         )
         for name, (space, base) in PRESETS.items()
         if name != "embedded-default"
     ]
     return presets + [
-        copc_train.to_deployment(
-            name=DEPLOYMENT, parameters={"params": TrainParams(data_dir=data_dir).model_dump(mode="json")}
-        ),
-        copc_sweep.to_deployment(
-            name=DEPLOYMENT, parameters={"params": SweepParams(data_dir=data_dir).model_dump(mode="json")}
-        ),
-        copc_report.to_deployment(
-            name=DEPLOYMENT, parameters={"params": ReportParams(data_dir=data_dir).model_dump(mode="json")}
-        ),
+        copc_train.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(TrainParams(data_dir=data_dir))}),
+        copc_sweep.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(SweepParams(data_dir=data_dir))}),
+        copc_report.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(ReportParams(data_dir=data_dir))}),
         copc_analysis.to_deployment(
-            name=DEPLOYMENT, parameters={"params": AnalysisParams(data_dir=data_dir).model_dump(mode="json")}
+            name=DEPLOYMENT, parameters={"params": _as_json(AnalysisParams(data_dir=data_dir))}
         ),
     ]

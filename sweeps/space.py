@@ -14,11 +14,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from copc_core.config import MethodConfig, RunConfig, with_overrides
+from copc_core.config import BandValue, MethodConfig, RunConfig, with_overrides
 from copc_core.methods import Anchor, has_band, method_names, preset
 from copc_core.stability import RunSummary
 
-Band = Annotated[float, Field(ge=1.0, description="τ ≥ 1; inf: no mask / no clip")]
+Band = Annotated[BandValue, Field(description="τ ≥ 1; inf: no mask / no clip")]
 BANDS = ("tau_policy", "tau_advantage")
 
 # a sweep's name keys the Optuna study, the MLflow parent run and the report's file: letters, digits and

@@ -106,7 +106,8 @@ def test_render_is_self_contained_and_escapes_the_spec():
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert page.count('class="plotly-graph-div"') == 1 + len(bv.METRICS)
     assert 'id="optimum-moves"' in page and 'id="points"' in page
-    assert page.count("<script") == 1 + page.count('class="plotly-graph-div"')  # the bundle + one per figure
+    # the bundle, one per figure, and the tables' click-to-sort
+    assert page.count("<script") == 2 + page.count('class="plotly-graph-div"')
 
 
 def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):

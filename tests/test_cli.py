@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -233,6 +234,22 @@ def test_every_sweep_preset_has_a_deployment_with_its_space_and_base():
         params = SweepParams.model_validate(deployment.parameters["params"])
         assert params.space == space and params.base == base and params.name == name
     assert PRESETS["claims-search"][1].task.name == "search"
+
+
+def test_every_deployments_parameters_satisfy_the_schema_prefect_checks_them_against():
+    """Prefect refuses a deployment whose parameters fail its JSON schema (422): a band of ∞ is written as the
+    string "Infinity", which a plain number schema refused, so `copc serve` failed on the regime preset."""
+    import jsonschema
+
+    from flows.prefect_flows import deployments
+    from sweeps.presets import PRESETS
+
+    assert any(math.isinf(t) for m in PRESETS["regime-tool-math"][0].methods for t in m.tau_advantage or [])
+    import orjson  # Prefect's client encodes parameters with orjson
+
+    for d in deployments():
+        sent = orjson.loads(orjson.dumps(d.parameters))
+        jsonschema.validate(sent, d._parameter_openapi_schema.model_dump_for_openapi())
 
 
 def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path):
