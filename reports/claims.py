@@ -165,7 +165,10 @@ def _best_sections(
                 f"{len(early)}/{len(collapsed)} |"
             )
     # region
-    out.append("\n#### High-performing region: share of each grid's cells within 90 % of the best cell of the three\n")
+    out.append(
+        "\n#### High-performing region: share of each banded method's cells within 90 % of the best banded cell "
+        "at that k\n"
+    )
     banded = [*two, *single]
     out.append("| k | best of these | " + " | ".join(banded) + " |")
     out.append("|---|---|" + "---|" * len(banded))
