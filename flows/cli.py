@@ -694,7 +694,6 @@ def up(
 
     Prefect runs with CSRF protection and CORS limited to its UI's origin; both servers stop when this
     command does, however it ends."""
-    import signal
 
     from infra.local_stack import LOOPBACK, LocalStack
     from infra.settings import data_dir
@@ -716,13 +715,7 @@ def up(
             err=True,
         )
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    # a shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C handler:
-    # take both signals explicitly so `copc up &` can still be stopped cleanly
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
+    _stoppable()  # `copc up &` too
     with LocalStack(
         data_dir(),
         host,

@@ -164,7 +164,7 @@ def copc_sweep(params: SweepParams) -> dict:
         )
     )
     ui = mlflow_ui_for(result.tracking_uri)
-    experiment = _experiment_of(result)
+    experiment = result.experiment_id
     rows = sweep_rows(result.study, params.space)
     best = best_per_level(rows, params.space.schedule)
     publish_markdown(
@@ -182,12 +182,6 @@ def copc_sweep(params: SweepParams) -> dict:
         "tracking_uri": result.tracking_uri,
         "best_per_level": best,
     }
-
-
-def _experiment_of(result) -> str:
-    from infra.tracking import Tracker
-
-    return Tracker(result.tracking_uri).experiment_id
 
 
 def _fmt(v) -> str:

@@ -135,7 +135,7 @@ def run_sweep(
         {"sweep/trials_complete": len(complete), "sweep/best_value": best.value if best else float("nan")},
         table=sweep_rows(study, space),
     )
-    return SweepResult(study, outcomes, best, parent, storage, tracker.uri)
+    return SweepResult(study, outcomes, best, parent, storage, tracker.uri, tracker.experiment_id)
 
 
 def sweep_rows(study, space: SweepSpace) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ class SweepResult:
     parent_run_id: str
     storage: str
     tracking_uri: str
+    experiment_id: str
 
     @property
     def failed(self) -> int:

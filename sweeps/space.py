@@ -9,7 +9,6 @@ form one sweep that runs, resumes and reports as any other.
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -210,8 +209,3 @@ def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
     )
     lag = "k" if schedule == "lag" else "eta"
     return f"{point['method']}{bands} {lag}={point['staleness']} s={point['seed']}"
-
-
-def band_or_inf(value: float | None) -> float:
-    """A band in tables and frames: a method without the band reads as ∞ (no mask / no clip)."""
-    return math.inf if value is None else float(value)
