@@ -144,22 +144,27 @@ class ModelConfig(BaseModel):
         return self
 
 
-class TaskConfig(BaseModel):
-    """The tool-math task: `a+b*c=` with the given operand digit counts and operators."""
+class EpisodeTaskConfig(BaseModel):
+    """What every built-in task shares: the episode's budget, the evaluation set, the format reward."""
 
     model_config = FROZEN
 
-    name: Literal["tool_math"] = "tool_math"
-    operand_digits: tuple[int, ...] = (2, 2, 1)
-    ops: str = "+*"
     max_tool_calls: int = Field(3, ge=0, le=8)
     max_response_tokens: int = Field(32, ge=4, le=256)
     n_eval: int = Field(256, ge=8, le=100_000)
     eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
     format_reward: float = Field(0.0, ge=0.0, le=0.5)
 
+
+class ToolMathTaskConfig(EpisodeTaskConfig):
+    """The tool-math task: `a+b*c=` with the given operand digit counts and operators."""
+
+    name: Literal["tool_math"] = "tool_math"
+    operand_digits: tuple[int, ...] = (2, 2, 1)
+    ops: str = "+*"
+
     @model_validator(mode="after")
-    def _shape(self) -> TaskConfig:
+    def _shape(self) -> ToolMathTaskConfig:
         if not self.operand_digits or any(not 1 <= d <= 4 for d in self.operand_digits):
             raise ValueError(f"operand_digits must be 1..4 digits each, got {self.operand_digits}")
         if len(self.ops) != len(self.operand_digits) - 1 or any(c not in "+-*" for c in self.ops):
@@ -167,10 +172,8 @@ class TaskConfig(BaseModel):
         return self
 
 
-class SearchTaskConfig(BaseModel):
+class SearchTaskConfig(EpisodeTaskConfig):
     """The retrieval task: questions over a built-in synthetic knowledge base, one or two hops."""
-
-    model_config = FROZEN
 
     name: Literal["search"] = "search"
     n_people: int = Field(60, ge=4, le=2000)
@@ -179,11 +182,8 @@ class SearchTaskConfig(BaseModel):
     n_held_out: int = Field(20, ge=1, description="people whose questions form the evaluation set only")
     two_hop_frac: float = Field(0.5, ge=0.0, le=1.0, description="share of training questions needing two searches")
     kb_seed: int = Field(7, ge=0, le=SEED_MAX)
-    max_tool_calls: int = Field(3, ge=0, le=8)
     max_response_tokens: int = Field(56, ge=8, le=256)
     n_eval: int = Field(80, ge=8, le=100_000)
-    eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
-    format_reward: float = Field(0.0, ge=0.0, le=0.5)
 
     @model_validator(mode="after")
     def _split(self) -> SearchTaskConfig:
@@ -197,10 +197,12 @@ class SearchTaskConfig(BaseModel):
         return self
 
 
-TASKS = {"tool_math": TaskConfig, "search": SearchTaskConfig}
+# the task of a run: one of the built-in tasks, told apart by `name`
+TaskConfig = Annotated[Union[ToolMathTaskConfig, SearchTaskConfig], Field(discriminator="name")]
+TASKS = {"tool_math": ToolMathTaskConfig, "search": SearchTaskConfig}
 
 
-def default_task(name: str) -> TaskConfig | SearchTaskConfig:
+def default_task(name: str) -> ToolMathTaskConfig | SearchTaskConfig:
     """The default config of a built-in task, by name."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
@@ -315,7 +317,7 @@ class RunConfig(BaseModel):
 
     method: MethodConfig = MethodConfig()
     model: ModelConfig = ModelConfig()
-    task: Annotated[Union[TaskConfig, SearchTaskConfig], Field(discriminator="name")] = TaskConfig()
+    task: TaskConfig = ToolMathTaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     train: TrainConfig = TrainConfig()
     resources: ResourcesConfig = ResourcesConfig()

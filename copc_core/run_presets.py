@@ -15,7 +15,7 @@ from copc_core.config import (
     ResourcesConfig,
     RunConfig,
     SearchTaskConfig,
-    TaskConfig,
+    ToolMathTaskConfig,
     TrainConfig,
     WarmStartConfig,
 )
@@ -53,7 +53,7 @@ RUN_PRESETS: dict[str, RunConfig] = {
     "embedded-default": RunConfig(),
     "embedded-search": RunConfig(task=SearchTaskConfig()),
     "scale-out-qwen2.5-0.5b": _scale_out(
-        "Qwen/Qwen2.5-0.5B-Instruct", TaskConfig(max_response_tokens=64, n_eval=512), lr=2e-6, rollout_workers=3
+        "Qwen/Qwen2.5-0.5B-Instruct", ToolMathTaskConfig(max_response_tokens=64, n_eval=512), lr=2e-6, rollout_workers=3
     ),
     "scale-out-qwen2.5-1.5b-search": _scale_out(
         "Qwen/Qwen2.5-1.5B-Instruct",

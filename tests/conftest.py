@@ -1,13 +1,13 @@
 import pytest
 
-from copc_core.config import MethodConfig, RunConfig, TaskConfig, TrainConfig, WarmStartConfig
+from copc_core.config import MethodConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig
 
 
 def tiny_config(method: str = "copc", staleness: int = 0, steps: int = 4, seed: int = 0, **method_kw) -> RunConfig:
     """A run small enough for unit tests (seconds), same code paths as the default."""
     return RunConfig(
         method=MethodConfig(name=method, **method_kw),
-        task=TaskConfig(n_eval=16),
+        task=ToolMathTaskConfig(n_eval=16),
         warm_start=WarmStartConfig(steps=30, batch_size=32),
         train=TrainConfig(steps=steps, batch_size=16, minibatches=2, eval_every=2, staleness=staleness, seed=seed),
     )

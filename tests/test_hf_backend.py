@@ -8,7 +8,7 @@ import torch
 from pydantic import ValidationError
 
 from copc_core.backends import build_model, make_engine
-from copc_core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, WarmStartConfig, with_overrides
+from copc_core.config import ModelConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig, with_overrides
 from copc_core.hf import CHAT_TEMPLATE, HFCodec, load_tokenizer, save_tiny_model, segments
 from copc_core.learner import response_logprobs
 from copc_core.rollout import ToolEpisodes
@@ -29,13 +29,15 @@ def offline():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, offline):
-    return save_tiny_model(tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(TaskConfig()), hidden=32, heads=4)
+    return save_tiny_model(
+        tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(ToolMathTaskConfig()), hidden=32, heads=4
+    )
 
 
 def hf_config(path, staleness=0, steps=3, **model) -> RunConfig:
     return RunConfig(
         model=ModelConfig(backend="hf", hf_model=str(path), **model),
-        task=TaskConfig(n_eval=16),
+        task=ToolMathTaskConfig(n_eval=16),
         warm_start=WarmStartConfig(steps=20, batch_size=16),
         train=TrainConfig(steps=steps, batch_size=16, minibatches=2, eval_every=2, staleness=staleness),
     )
@@ -62,7 +64,7 @@ def test_the_saved_model_loads_offline_with_a_chat_template(tiny_dir):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     tokenizer = load_tokenizer(str(tiny_dir))
     assert tokenizer.chat_template == CHAT_TEMPLATE
-    problem = make_task(TaskConfig()).sample(1, 0)[0]
+    problem = make_task(ToolMathTaskConfig()).sample(1, 0)[0]
     assert tokenizer.decode(HFCodec(tokenizer).prompt_ids(problem)) == f"<|user|>{problem.prompt}<|assistant|>"
     text = tokenizer.decode(HFCodec(tokenizer, TOOL_GRAMMAR_PROMPT).prompt_ids(problem))
     assert text == f"<|system|>{TOOL_GRAMMAR_PROMPT}<|user|>{problem.prompt}<|assistant|>"
@@ -72,7 +74,7 @@ def test_the_saved_model_loads_offline_with_a_chat_template(tiny_dir):
 
 def test_demonstrations_tokenize_policy_text_and_tool_output_apart(tiny_dir):
     codec = HFCodec(load_tokenizer(str(tiny_dir)))
-    task = make_task(TaskConfig())
+    task = make_task(ToolMathTaskConfig())
     import random
 
     rng = random.Random(0)
@@ -87,7 +89,7 @@ def test_demonstrations_tokenize_policy_text_and_tool_output_apart(tiny_dir):
 
 def test_tool_calls_fire_on_subword_tokens(tiny_dir):
     codec = HFCodec(load_tokenizer(str(tiny_dir)))
-    env = ToolEpisodes(1, make_task(TaskConfig()), codec, max_tool_calls=2)
+    env = ToolEpisodes(1, make_task(ToolMathTaskConfig()), codec, max_tool_calls=2)
     call = codec.env_ids("[58*4]")
     assert len(call) < len("[58*4]")  # BPE merges: fewer tokens than characters
     for token in call[:-1]:

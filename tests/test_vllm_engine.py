@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from copc_core import vllm_engine
-from copc_core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, WarmStartConfig, with_overrides
+from copc_core.config import ModelConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig, with_overrides
 from copc_core.vllm_engine import WeightSyncTimeout, hf_weights, vllm_unavailable_reason
 
 
@@ -74,12 +74,12 @@ def gpu_setup(tmp_path_factory):
     from copc_core.tasks import make_task
     from copc_core.warmstart import warm_start
 
-    path = save_tiny_model(tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(TaskConfig()))
+    path = save_tiny_model(tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(ToolMathTaskConfig()))
     cfg = RunConfig(
         model=ModelConfig(
             backend="hf", hf_model=str(path), device="cuda", rollout_engine="vllm", vllm_gpu_memory_utilization=0.2
         ),
-        task=TaskConfig(n_eval=16),
+        task=ToolMathTaskConfig(n_eval=16),
         warm_start=WarmStartConfig(steps=100, batch_size=32),
         train=TrainConfig(steps=3, batch_size=16, minibatches=2, eval_every=3, staleness=1),
     )

@@ -174,7 +174,7 @@ def reward(problem: Problem, response: str, format_reward: float) -> float:
 
 
 class ToolMathTask:
-    """The `Task` interface over this module (copc_core.tasks.base); built from a `TaskConfig`."""
+    """The `Task` interface over this module (copc_core.tasks.base); built from a `ToolMathTaskConfig`."""
 
     vocab = CHARS
 
