@@ -107,8 +107,11 @@ def _vllm_engine(config: RunConfig) -> RolloutEngine:
         make_codec(config),
         EpisodeLimits.from_config(config),
         seed=t.seed,
-        dtype=m.vllm_dtype,
+        device=m.device,
+        dtype=m.hf_dtype if m.vllm_dtype == "auto" else m.vllm_dtype,
         gpu_memory_utilization=m.vllm_gpu_memory_utilization,
+        kv_cache_memory_bytes=None if m.vllm_kv_cache_gib is None else int(m.vllm_kv_cache_gib * 2**30),
+        enforce_eager=m.vllm_enforce_eager,
     )
 
 

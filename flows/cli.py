@@ -325,8 +325,11 @@ def methods() -> None:
 def hf_tiny(
     path: pathlib.Path = typer.Argument(..., help="directory to write the model and tokenizer to"),
     task: str = typer.Option("tool_math", help="built-in task whose demonstrations train the tokenizer"),
-    hidden: int = typer.Option(64, min=8, max=4096, help="hidden size (a multiple of 4: four attention heads)"),
+    hidden: int = typer.Option(64, min=8, max=4096, help="hidden size (a multiple of --heads)"),
     layers: int = typer.Option(2, min=1, max=48, help="transformer layers"),
+    heads: int = typer.Option(
+        2, min=1, max=64, help="attention heads; vLLM's CPU backend needs hidden / heads in 32, 64, 80, 96, 128, ..."
+    ),
 ) -> None:
     """Write a tiny Hugging Face model (Llama architecture, BPE tokenizer, chat template) built from a config.
 
@@ -335,13 +338,13 @@ def hf_tiny(
     from copc_core.hf import save_tiny_model
     from copc_core.tasks import make_task
 
-    if hidden % 4:
-        _fail(f"--hidden must be a multiple of 4 (the model has four attention heads), got {hidden}")
+    if hidden % heads:
+        _fail(f"--hidden ({hidden}) must be a multiple of --heads ({heads})")
     try:
         task_config = default_task(task)
     except ValueError as err:
         _fail(str(err))
-    out = save_tiny_model(path, make_task(task_config), hidden=hidden, layers=layers)
+    out = save_tiny_model(path, make_task(task_config), hidden=hidden, layers=layers, heads=heads)
     typer.echo(f"tiny HF model for {task} in {out}; train it with: copc train --hf-model {out} --task {task}")
 
 

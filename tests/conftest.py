@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from copc_core.config import MethodConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig
@@ -34,12 +36,15 @@ def local_ray():
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need a CUDA GPU and vLLM: skipped, with the reason, where either is missing."""
+    """`vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped, with
+    the reason, where it does not."""
     from copc_core.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
     if reason is None:
         return
+    if os.environ.get("COPC_REQUIRE_VLLM"):  # the vLLM lane of .ci/run: a skip there would hide a broken install
+        raise pytest.UsageError(f"COPC_REQUIRE_VLLM is set but vLLM cannot run here: {reason}")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
+        if "vllm" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"vllm test: {reason}"))

@@ -415,7 +415,7 @@ def test_a_huge_space_is_refused_before_it_is_built(tmp_path):
         (["report", "--sweep", "a'b"], "sweeps"),
         (["hf-tiny", "{tmp}/m", "--layers", "-1"], "--layers"),
         (["hf-tiny", "{tmp}/m", "--hidden", "0"], "--hidden"),
-        (["hf-tiny", "{tmp}/m", "--hidden", "66"], "multiple of 4"),
+        (["hf-tiny", "{tmp}/m", "--hidden", "66", "--heads", "4"], "multiple of --heads"),
         (["up", "--prefect-port", "99999"], "--prefect-port"),
     ],
 )
