@@ -19,6 +19,7 @@ to a directory — built from a config, no download — for tests and laptop tri
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import random
@@ -77,7 +78,7 @@ class HFActorCritic(nn.Module):
         return self.policy.base_model
 
     def _hidden(self, trunk: nn.Module, idx: Tensor, attention: Tensor, positions: Tensor, cache=None) -> Tensor:
-        kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
+        kwargs = {} if cache is None else {cache_argument(type(trunk)): cache, "use_cache": True}
         return trunk(input_ids=idx, attention_mask=attention, position_ids=positions, **kwargs).last_hidden_state
 
     def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,6 +105,20 @@ class HFActorCritic(nn.Module):
         from transformers import DynamicCache
 
         return HFCache(DynamicCache(config=self.policy.config))
+
+
+@functools.cache
+def cache_argument(trunk: type[nn.Module]) -> str:
+    """The name under which `trunk.forward` takes its KV cache: `cache` from transformers 5.2x,
+    `past_key_values` before (5.19, which the vLLM-on-CPU lane runs). An unknown name would vanish into
+    the model's **kwargs and every step would see one token without its prefix, so it is looked up."""
+    import inspect
+
+    params = inspect.signature(trunk.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{trunk.__name__}.forward takes neither `cache` nor `past_key_values`")
 
 
 class HFCodec:

