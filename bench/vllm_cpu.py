@@ -107,7 +107,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads for every engine")
     parser.add_argument("--compiled", action="store_true", help="also time vLLM with torch.compile (~45 s start)")
     args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # vLLM's CPU backend reads it at start
+    # vLLM's CPU backend reads OMP_NUM_THREADS at start (without it, it drops torch to 1 thread) and then
+    # makes torch.set_num_threads a no-op in this process: the torch sampler runs first, at the same count
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     torch.set_num_threads(args.threads)
 
     tmp = tempfile.mkdtemp(prefix="copc-vllm-bench-")
@@ -130,7 +132,6 @@ def main() -> None:
         engine = make_engine(with_overrides(cfg, overrides))
         alive.append(engine)
         started = time.perf_counter() - start
-        torch.set_num_threads(args.threads)  # vLLM lowers the process's torch threads when it starts
         rate, sd, tokens = throughput(engine, warm, task, args.episodes, args.rounds)
         rows.append((name, started, rate, sd, tokens))
     print(f"\nthroughput, {args.episodes} tool episodes a batch, {args.rounds} timed batches, {args.threads} threads")

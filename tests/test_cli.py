@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from copc_core.config import RunConfig
 from tests.conftest import tiny_config
 
 
@@ -46,6 +47,25 @@ def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path
     assert needle in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_rollout_engine_that_cannot_run_here_exits_2_before_anything_runs(tmp_path):
+    """The default venv has no vLLM: a vLLM run says so, and how to get it, before the warm start."""
+    from copc_core.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason("cpu")
+    if reason is None:
+        pytest.skip("vLLM runs here")
+    cfg = tmp_path / "vllm.json"
+    cfg.write_text(
+        RunConfig(
+            model={"backend": "hf", "hf_model": str(tmp_path / "m"), "device": "cpu", "rollout_engine": "vllm"}
+        ).model_dump_json()
+    )
+    out = copc("train", "--config", str(cfg), data_dir=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"the vLLM rollout engine cannot run here: {reason}" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started
 
 
 def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
