@@ -12,6 +12,7 @@ from typing import Any
 
 from copc_core.config import RunConfig
 from copc_core.results import TrialResult
+from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
 from sweeps.space import SweepSpace, point_label
 from sweeps.study import HEARTBEAT_S, open_study, pending_points, point_key, run_study, running_elsewhere, trial_point
@@ -182,21 +183,15 @@ def best_per_level(rows: list[dict[str, Any]], schedule: str = "lag") -> list[st
         at = [r for r in rows if r["staleness"] == k and r["seeds"]]
         if not at:
             continue
-        top = max(r["objective_mean"] for r in at)
-        tied = [r for r in at if abs(r["objective_mean"] - top) < 1e-9]
-        names = [
-            " ".join(
-                [r["method"]]
-                + [f"{n}={r[b]:g}" for n, b in (("tp", "tau_policy"), ("ta", "tau_advantage")) if r[b] is not None]
-            )
-            for r in tied
-        ]
-        collapsed = all(r["collapsed"] == r["seeds"] for r in at)
-        out.append(
-            f"{level}={k}: {top:.3f} "
-            + (names[0] if len(names) == 1 else f"({len(names)} cells tie: {', '.join(names)})")
-            + (" — every run collapsed" if collapsed else "")
+        bands = (("tp", "tau_policy"), ("ta", "tau_advantage"))
+        best = best_with_ties(
+            [
+                (" ".join([r["method"]] + [f"{n}={r[b]:g}" for n, b in bands if r[b] is not None]), r["objective_mean"])
+                for r in at
+            ]
         )
+        collapsed = all(r["collapsed"] == r["seeds"] for r in at)
+        out.append(f"{level}={k}: {best}" + (" — every run collapsed" if collapsed else ""))
     return out
 
 

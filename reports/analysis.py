@@ -174,6 +174,13 @@ def interaction_fraction(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0
     return schema.validate(frame, schema.INTERACTION, "interaction")
 
 
+def best_with_ties(scored: list[tuple[str, float]], tol: float = 1e-9) -> str:
+    """'0.900 name', or '0.900 (2 cells tie: a, b)': the best of some (name, seed-mean) cells, every tie named."""
+    top = max(value for _, value in scored)
+    names = [name for name, value in scored if abs(value - top) < tol]
+    return f"{top:.3f} " + (names[0] if len(names) == 1 else f"({len(names)} cells tie: {', '.join(names)})")
+
+
 def high_performing_region(cells: pd.DataFrame, within: float = 0.9) -> pd.DataFrame:
     """Fraction of a method's cells at one k whose mean is within `within` of the best:
     mean ≥ best − (1 − within)·|best| (i.e. ≥ 90 % of a positive best)."""

@@ -87,16 +87,18 @@ def best_cells(cells: pd.DataFrame) -> str:
     """The best cell(s) of some cells by seed-mean objective: every tied cell named."""
     if cells.empty:
         return "—"
-    top = float(cells["mean"].max())
-    tied = cells[(cells["mean"] - top).abs() < 1e-9]
-    names = [
-        " ".join(
-            [r.method]
-            + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage)) if not math.isinf(v)]
-        )
-        for r in tied.itertuples()
-    ]
-    return f"{top:.3f}: " + (names[0] if len(names) == 1 else f"{len(names)} cells tie ({', '.join(names)})")
+    return analysis.best_with_ties(
+        [
+            (
+                " ".join(
+                    [r.method]
+                    + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage)) if not math.isinf(v)]
+                ),
+                float(r.mean),
+            )
+            for r in cells.itertuples()
+        ]
+    )
 
 
 def _best_per_level(cells: pd.DataFrame) -> pd.DataFrame:

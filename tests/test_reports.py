@@ -366,7 +366,7 @@ def test_heatmap_scale_is_pinned_ties_are_outlined_and_an_all_collapsed_level_sa
     assert len(outlined) == 4  # the four tied cells of k = 0, each outlined
     assert "k = 4 (all collapsed)" in [a.text for a in fig.layout.annotations]
     page = render(ReportData(title="t", runs=runs, curves=curves_frame(records), n_boot=50))
-    assert "4 cells tie (copc τp=1.5 τa=1, copc τp=1.5 τa=2, copc τp=2 τa=1, copc τp=2 τa=2)" in page
+    assert "0.800 (4 cells tie: copc τp=1.5 τa=1, copc τp=1.5 τa=2, copc τp=2 τa=1, copc τp=2 τa=2)" in page
     assert "every run at this k collapsed" in page and "✕ 3/3 collapsed" in str(fig.data[1].text)
 
 
