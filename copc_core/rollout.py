@@ -161,6 +161,33 @@ class ToolEpisodes:
         self.max_tool_calls = max_tool_calls
         self.calls = [0] * n
 
+    def batch(
+        self,
+        problems: list,
+        prompt_ids: Tensor,
+        tokens: Tensor,
+        mask: Tensor,
+        logp: Tensor,
+        version: int,
+        ended: list[bool],
+        format_reward: float,
+    ) -> TrajectoryBatch:
+        """The finished episodes as a batch (any engine): the task's rewards, every token stamped with
+        `version`, an episode truncated unless it `ended` with an answer (or EOS)."""
+        responses = ["".join(text) for text in self.text]
+        return TrajectoryBatch(
+            prompt_ids,
+            tokens,
+            mask,
+            logp,
+            torch.full(tokens.shape, version, dtype=torch.long),
+            outcome_rewards(self.task, problems, responses, mask, format_reward),
+            list(problems),
+            responses,
+            torch.tensor([not e for e in ended]),
+            self.codec.pad_id,
+        )
+
     def _append(self, i: int, token: int) -> str:
         piece = self.codec.piece(self.ids[i], token)
         self.ids[i].append(token)
@@ -282,20 +309,7 @@ class TorchSampler:
             logits = self.model.policy_step(next_tok[:, None].to(device), cache).float().cpu()
         self.model.train(was_model)
         tokens, mask, logp = tokens[:, :steps], mask[:, :steps], logp[:, :steps]
-        responses = ["".join(chars) for chars in env.text]
-        rewards = outcome_rewards(self.task, problems, responses, mask, self.limits.format_reward)
-        return TrajectoryBatch(
-            prompt_ids,
-            tokens,
-            mask,
-            logp,
-            torch.full((B, steps), version, dtype=torch.long),
-            rewards,
-            list(problems),
-            responses,
-            torch.tensor([not d for d in done]),
-            codec.pad_id,
-        )
+        return env.batch(problems, prompt_ids, tokens, mask, logp, version, done, self.limits.format_reward)
 
 
 def outcome_rewards(task: Task, problems: list, responses: list[str], mask: Tensor, format_reward: float) -> Tensor:

@@ -37,7 +37,7 @@ import os
 import torch
 from torch import Tensor
 
-from copc_core.rollout import EpisodeLimits, ToolEpisodes, TrajectoryBatch, left_pad, outcome_rewards
+from copc_core.rollout import EpisodeLimits, ToolEpisodes, TrajectoryBatch, left_pad
 from copc_core.tasks.base import CALL_CLOSE, Codec, Task
 
 
@@ -285,22 +285,10 @@ class VLLMEngine:
         steps = max(len(ids) for ids in env.ids)
         tokens = torch.full((B, steps), codec.pad_id, dtype=torch.long)
         mask_t, logp_t = torch.zeros(B, steps), torch.zeros(B, steps)
-        responses = ["".join(text) for text in env.text]
         for i, ids in enumerate(env.ids):
             n = len(ids)
             tokens[i, :n] = torch.tensor(ids, dtype=torch.long)
             mask_t[i, :n] = torch.tensor(mask[i])
             logp_t[i, :n] = torch.tensor(logp[i])
-        rewards = outcome_rewards(self.task, problems, responses, mask_t, self.limits.format_reward)
-        return TrajectoryBatch(
-            left_pad(prompts, codec),
-            tokens,
-            mask_t,
-            logp_t,
-            torch.full((B, steps), version, dtype=torch.long),
-            rewards,
-            list(problems),
-            responses,
-            torch.tensor([not e for e in ended]),
-            codec.pad_id,
-        )
+        prompt_ids = left_pad(prompts, codec)
+        return env.batch(problems, prompt_ids, tokens, mask_t, logp_t, version, ended, self.limits.format_reward)
