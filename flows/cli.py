@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import sys
+import typing
 from typing import NoReturn, Optional
 
 import typer
@@ -106,6 +107,23 @@ def build_run_config(
         _fail(str(err))
 
 
+def _choices(model: str, field: str):
+    """A config field's Literal, for a flag: the CLI offers exactly the values the config takes."""
+    import copc_core.config as config
+
+    annotation = getattr(config, model).model_fields[field].annotation
+    if typing.get_origin(annotation) is not typing.Literal:  # Optional[Literal[...]]
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+Device = _choices("ModelConfig", "device")
+Lag = _choices("TrainConfig", "lag")
+Anchor = _choices("MethodConfig", "anchor")
+Runtime = typing.Literal["inprocess", "ray"]
+Sampler = typing.Literal["grid", "tpe"]
+
+
 def _default(path: str) -> str:
     """The default RunConfig's value at a dotted path, for --help (a flag left out keeps it)."""
     from copc_core.config import RunConfig
@@ -125,7 +143,7 @@ def train(
         help="controlled lag k in versions (learner steps; one version = "
         "minibatches × epochs optimizer updates; 0 = synchronous)" + _default("train.staleness"),
     ),
-    lag: Optional[str] = typer.Option(
+    lag: Optional[Lag] = typer.Option(
         None, help="exact (every batch k versions old) | uniform (lag drawn from 0..k)" + _default("train.lag")
     ),
     eta: Optional[int] = typer.Option(
@@ -133,7 +151,7 @@ def train(
         help="bounded staleness η instead of a controlled lag: free-running "
         "sampling on the Ray runtime (implies --runtime ray)",
     ),
-    anchor: Optional[str] = typer.Option(
+    anchor: Optional[Anchor] = typer.Option(
         None, help="PPO ratio anchor: behavior | recomputed | interpolated (default: the method's; see `copc methods`)"
     ),
     separate_critic: Optional[bool] = typer.Option(
@@ -156,7 +174,9 @@ def train(
     config: Optional[pathlib.Path] = typer.Option(None, help="a RunConfig JSON file (flags override it)"),
     run_dir: Optional[pathlib.Path] = typer.Option(None, help="where checkpoints and the summary go"),
     resume: bool = typer.Option(True, help="continue from run_dir's checkpoint when present"),
-    runtime: str = typer.Option("inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"),
+    runtime: Runtime = typer.Option(
+        "inprocess", help="inprocess | ray (rollout and learner actors, overlap for k >= 1)"
+    ),
     tracking_uri: Optional[str] = typer.Option(
         None,
         help="MLflow tracking URI the run is logged to (default: $MLFLOW_TRACKING_URI or SQLite under the data folder)",
@@ -170,7 +190,7 @@ def train(
     hf_model: Optional[str] = typer.Option(
         None, help="a Hugging Face causal LM (Hub id or local directory) instead of the tiny GPT"
     ),
-    device: Optional[str] = typer.Option(
+    device: Optional[Device] = typer.Option(
         None, help="cpu | cuda | auto (where the model runs)" + _default("model.device")
     ),
     rollout_workers: Optional[int] = typer.Option(
@@ -213,8 +233,6 @@ def train(
         task,
         base=base,
     )
-    if runtime not in ("inprocess", "ray"):
-        _fail(f"--runtime must be inprocess or ray, got {runtime!r}")
     if cfg.train.eta is not None and runtime != "ray":
         typer.echo("bounded staleness (eta) runs on the Ray runtime: --runtime ray", err=True)
         runtime = "ray"
@@ -446,7 +464,9 @@ def sweep(
     tracking_uri: Optional[str] = typer.Option(
         None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or SQLite under the data folder)"
     ),
-    sampler: str = typer.Option("grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"),
+    sampler: Sampler = typer.Option(
+        "grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"
+    ),
 ) -> None:
     """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
 
@@ -471,8 +491,6 @@ def sweep(
         _fail(("--name: " if err.title != "SweepSpace" else "") + _validation_message(err))
     except ValueError as err:  # an unknown method named in --methods
         _fail(str(err))
-    if sampler not in ("grid", "tpe"):
-        _fail(f"--sampler must be grid or tpe, got {sampler!r}")
     base = build_run_config(config, {}, task, base=preset_base)
     try:
         for m in space.methods:  # every method's first point builds a valid config on this base
