@@ -375,3 +375,52 @@ def step_time_bars(times: pd.DataFrame) -> go.Figure:
         title="Step-time breakdown (mean seconds per learner step)", barmode="group", yaxis_title="seconds", height=380
     )
     return fig
+
+
+def parallel_coordinates(runs: pd.DataFrame) -> go.Figure:
+    """One line per scored run, objective first, then the axes it ran at and what it reached; coloured
+    by objective on the report's pinned scale. A band of ∞ (no clipping, or a method without the band)
+    sits at the top of its axis."""
+    runs = runs[runs["scored"]]
+    methods = sorted(runs["method"].unique())
+
+    def band(column: str, label: str) -> dict:
+        finite = sorted({float(v) for v in runs[column] if not math.isinf(v)})
+        top = (finite[-1] if finite else 1.0) * 1.5
+        return {
+            "label": label,
+            "values": [top if math.isinf(v) else v for v in runs[column]],
+            "tickvals": [*finite, top],
+            "ticktext": [*[tau(t) for t in finite], "∞"],
+        }
+
+    dims = [
+        {"label": "objective", "values": runs["objective"], "range": list(OBJECTIVE_RANGE)},
+        {
+            "label": "method",
+            "values": [methods.index(m) for m in runs["method"]],
+            "tickvals": list(range(len(methods))),
+            "ticktext": methods,
+        },
+        band("tau_policy", "τ_p"),
+        band("tau_advantage", "τ_a"),
+        {"label": "staleness k", "values": runs["staleness"]},
+        {"label": "seed", "values": runs["seed"]},
+        {"label": "final accuracy", "values": runs["final_accuracy"], "range": [0.0, 1.0]},
+        {"label": "collapsed", "values": runs["collapsed"].astype(int), "tickvals": [0, 1], "ticktext": ["no", "yes"]},
+    ]
+    fig = go.Figure(
+        go.Parcoords(
+            line={
+                "color": runs["objective"],
+                "colorscale": "RdYlGn",
+                "cmin": OBJECTIVE_RANGE[0],
+                "cmax": OBJECTIVE_RANGE[1],
+                "showscale": True,
+                "colorbar": {"title": "objective"},
+            },
+            dimensions=dims,
+        )
+    )
+    fig.update_layout(title=f"{len(runs)} scored runs, objective first (drag along an axis to filter)", height=480)
+    return fig

@@ -276,6 +276,13 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
                 )
             )
         parts += ["<h2>High-performing region</h2>", figure_div(figures.region_bars(region), "region")]
+    if runs["scored"].any():
+        parts += [
+            "<h2>Every run, objective first</h2>",
+            figure_div(figures.parallel_coordinates(runs), "parallel"),
+            '<p class="note">One line per scored run; drag along an axis to keep only the runs in that range '
+            "(the same view as MLflow's parallel coordinates, with the objective as the first axis).</p>",
+        ]
     parts += [
         "<h2>Method comparison</h2>",
         table(

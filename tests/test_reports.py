@@ -348,6 +348,29 @@ def test_reports_import_no_torch():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_parallel_coordinates_put_the_objective_first_on_the_pinned_scale():
+    records = [
+        trial("a", 1.5, 2.0, 0, 0, 0.8),
+        trial("b", 4.0, INF, 4, 1, -0.4, collapsed=True),
+        trial("c", INF, INF, 4, 0, 0.6, method="tis"),
+        trial("d", 2.0, 2.0, 4, 2, None, fail_reason="boom"),  # not scored: no line
+    ]
+    fig = figures.parallel_coordinates(frame(records))
+    (pc,) = fig.data
+    labels = [d.label for d in pc.dimensions]
+    assert labels == ["objective", "method", "τ_p", "τ_a", "staleness k", "seed", "final accuracy", "collapsed"]
+    by = {d.label: d for d in pc.dimensions}
+    assert list(by["objective"].values) == [0.8, -0.4, 0.6] and tuple(by["objective"].range) == (-1.0, 1.0)
+    assert (pc.line.cmin, pc.line.cmax) == (-1.0, 1.0)  # the heatmaps' scale: colours mean the same everywhere
+    assert list(by["method"].ticktext) == ["copc", "tis"] and list(by["method"].values) == [0, 0, 1]
+    # ∞ (no band) at the top of its axis, 1.5 × the largest finite band, labelled ∞
+    assert list(by["τ_p"].values) == [1.5, 4.0, 6.0] and list(by["τ_p"].ticktext) == ["1.5", "4", "∞"]
+    assert list(by["τ_a"].values) == [2.0, 3.0, 3.0] and list(by["τ_a"].ticktext) == ["2", "∞"]
+    assert list(by["collapsed"].values) == [0, 1, 0]
+    page = render(ReportData(title="t", runs=frame(records), curves=curves_frame(records), n_boot=20))
+    assert "Every run, objective first" in page and 'id="parallel"' in page
+
+
 def test_heatmap_scale_is_pinned_ties_are_outlined_and_an_all_collapsed_level_says_so():
     # k = 0: four cells tie at 0.8 (the rest 0.5); k = 4: every run collapsed (objective −0.496 everywhere)
     def value(i, a, k):
