@@ -201,32 +201,24 @@ class Counters:
     lag_histogram: dict[int, int] = field(default_factory=dict)  # realised per-token lag → count
 
 
-class RayTrainer:
-    """Drives one run on Ray; the in-process `Trainer`'s twin with overlap and faults handled."""
+def get_within(ref, timeout_s: float, what: str):
+    """`ray.get` with the run's call timeout, raising `RuntimeTimeoutError` that names what was awaited."""
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        raise RuntimeTimeoutError(f"no answer within {timeout_s:.0f} s while waiting for {what}") from None
 
-    def __init__(self, config: RunConfig, warm_state: dict):
-        """Actors as `config.resources` sizes them (CPUs, GPUs, rollout workers, call timeout), each with
-        `config.train.torch_threads` torch threads."""
-        self.config = config
-        self.resources = resources = config.resources
-        self.threads = config.train.torch_threads
+
+class RolloutPool:
+    """The rollout actors and their requests: a request names its weights, version, key and size; a dead
+    worker is replaced and its requests re-issued with the same seed (`Counters` keeps the books)."""
+
+    def __init__(self, config: RunConfig, counters: Counters):
         self.config_json = config.model_dump_json()
-        self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
-            self.config_json, warm_state, self.threads
-        )
-        self.workers = [self._new_worker() for _ in range(resources.rollout_workers)]
-        self.versions: dict[int, ray.ObjectRef] = {0: ray.put(pack(warm_state))}  # version → PackedWeights
-        self.step = 0
-        self.history: list[dict[str, float]] = []
-        self.evals: list[dict[str, float]] = []
-        self.counters = Counters()
-        self.non_finite_step: int | None = None
-        self.warmup: list[dict[str, float]] = []  # critic warm-up records
-        self._eta = 0  # bounded-staleness η of a run_bounded run (versions older than step − η are dropped)
-        self._inflight: dict[int, tuple[tuple, list[dict]]] = {}  # step → (learner call's refs, its requests)
-        self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
-
-    # ---- plumbing ----
+        self.resources = config.resources
+        self.threads = config.train.torch_threads
+        self.counters = counters
+        self.workers = [self._new_worker() for _ in range(self.resources.rollout_workers)]
 
     def _new_worker(self):
         r = self.resources
@@ -234,21 +226,21 @@ class RayTrainer:
             self.config_json, self.threads
         )
 
-    def _get(self, ref, what: str):
-        try:
-            return ray.get(ref, timeout=self.resources.timeout_s)
-        except GetTimeoutError:
-            raise RuntimeTimeoutError(
-                f"no answer within {self.resources.timeout_s:.0f} s while waiting for {what}"
-            ) from None
-
-    def _submit(self, worker_index: int, version: int, key: int, n: int) -> dict:
+    def submit(self, worker_index: int, weights: ray.ObjectRef, version: int, key: int, n: int) -> dict:
         self.counters.requests_submitted += 1
         actor = self.workers[worker_index]
-        ref = actor.sample.remote(self.versions[version], version, key, n)
-        return {"ref": ref, "worker": worker_index, "actor": actor, "version": version, "key": key, "n": n}
+        ref = actor.sample.remote(weights, version, key, n)
+        return {
+            "ref": ref,
+            "worker": worker_index,
+            "actor": actor,
+            "weights": weights,
+            "version": version,
+            "key": key,
+            "n": n,
+        }
 
-    def _reissue(self, request: dict) -> None:
+    def reissue(self, request: dict) -> None:
         """Send a request whose worker died again, same seed, to that worker's replacement."""
         w = request["worker"]
         if self.workers[w] is request["actor"]:  # not yet replaced for another request it held
@@ -257,25 +249,70 @@ class RayTrainer:
         self.counters.requests_reissued += 1
         request["actor"] = self.workers[w]
         request["ref"] = request["actor"].sample.remote(
-            self.versions[request["version"]], request["version"], request["key"], request["n"]
+            request["weights"], request["version"], request["key"], request["n"]
         )
 
-    def _worker_died(self, request: dict, what: str) -> bool:
+    def died(self, request: dict, what: str) -> bool:
+        """Whether the request's worker died (waits for its answer otherwise)."""
         try:
-            self._get(request["ref"], what)
+            get_within(request["ref"], self.resources.timeout_s, what)
             return False
         except RayActorError:
             return True
 
-    def _collect(self, request: dict, what: str) -> tuple[TrajectoryBatch, float]:
+    def collect(self, request: dict, what: str) -> tuple[TrajectoryBatch, float]:
         """The request's result; a dead worker is replaced and the same request re-issued."""
         while True:
             try:
-                result = self._get(request["ref"], what)
+                result = get_within(request["ref"], self.resources.timeout_s, what)
                 self.counters.requests_completed += 1
                 return result
             except RayActorError:
-                self._reissue(request)
+                self.reissue(request)
+
+    def evaluate(self, weights: ray.ObjectRef, version: int) -> dict[str, float]:
+        return get_within(self.workers[0].evaluate.remote(weights, version), self.resources.timeout_s, "evaluation")
+
+    def kill(self) -> None:
+        for actor in self.workers:
+            ray.kill(actor)
+
+
+class RayTrainer:
+    """Drives one run on Ray; the in-process `Trainer`'s twin with overlap and faults handled."""
+
+    def __init__(self, config: RunConfig, warm_state: dict):
+        """Actors as `config.resources` sizes them (CPUs, GPUs, rollout workers, call timeout), each with
+        `config.train.torch_threads` torch threads."""
+        self.config = config
+        self.resources = resources = config.resources
+        self.learner = LearnerActor.options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus).remote(
+            config.model_dump_json(), warm_state, config.train.torch_threads
+        )
+        self.counters = Counters()
+        self.pool = RolloutPool(config, self.counters)
+        self.versions: dict[int, ray.ObjectRef] = {0: ray.put(pack(warm_state))}  # version → PackedWeights
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self.non_finite_step: int | None = None
+        self.warmup: list[dict[str, float]] = []  # critic warm-up records
+        self._eta = 0  # bounded-staleness η of a run_bounded run (versions older than step − η are dropped)
+        self._inflight: dict[int, tuple[tuple, list[dict]]] = {}  # step → (learner call's refs, its requests)
+        self.fault_hook: Callable[[RayTrainer], None] | None = None  # tests kill actors from here
+
+    # ---- plumbing ----
+
+    @property
+    def workers(self) -> list:
+        """The rollout actors (tests kill them)."""
+        return self.pool.workers
+
+    def _get(self, ref, what: str):
+        return get_within(ref, self.resources.timeout_s, what)
+
+    def _submit(self, worker_index: int, version: int, key: int, n: int) -> dict:
+        return self.pool.submit(worker_index, self.versions[version], version, key, n)
 
     def _submit_learner(self, step: int, requests: list[dict]) -> None:
         """Queue learner step `step` on the requests' result references (the learner runs its calls in order)."""
@@ -296,11 +333,11 @@ class RayTrainer:
                 metrics = self._get(metrics_ref, what)
                 break
             except RayActorError:
-                lost = [r for r in requests if self._worker_died(r, what)]
+                lost = [r for r in requests if self.pool.died(r, what)]
                 if not lost:
                     raise  # the learner itself died
                 for request in lost:
-                    self._reissue(request)
+                    self.pool.reissue(request)
                 for s in sorted(self._inflight):
                     self._submit_learner(s, self._inflight[s][1])
         del self._inflight[step]
@@ -322,8 +359,7 @@ class RayTrainer:
             self.counters.lag_histogram[lag] = self.counters.lag_histogram.get(lag, 0) + count
 
     def _evaluate(self) -> None:
-        record = self._get(self.workers[0].evaluate.remote(self.versions[self.step], self.step), "evaluation")
-        self.evals.append(record)
+        self.evals.append(self.pool.evaluate(self.versions[self.step], self.step))
 
     def _after_step(self, metrics: dict, weights_ref, wall_start: float) -> bool:
         if "error" in metrics:
@@ -446,7 +482,7 @@ class RayTrainer:
                 raise RuntimeTimeoutError(f"no rollout chunk finished within {self.resources.timeout_s:.0f} s")
             chunk = next(c for c, r in in_flight.items() if r["ref"] == ready[0])
             request = in_flight.pop(chunk)
-            done[chunk] = self._collect(request, f"rollout chunk {chunk}")
+            done[chunk] = self.pool.collect(request, f"rollout chunk {chunk}")
             free.append(busy.pop(chunk))
         for request in in_flight.values():  # leave nothing running behind us
             ray.cancel(request["ref"], force=False)
@@ -480,10 +516,10 @@ class RayTrainer:
         self._get(self.learner.load_state_dict.remote(state["learner"]), "learner restore")
         self.versions = {int(v): ray.put(pack(w)) for v, w in state["versions"].items()}
         self.history, self.evals = list(state["history"]), list(state["evals"])
-        self.counters = Counters(**state["counters"])
+        self.counters.__dict__.update(Counters(**state["counters"]).__dict__)  # the pool keeps the same books
         self.non_finite_step = state["non_finite_step"]
         self.warmup = list(state["warmup"])
 
     def shutdown(self) -> None:
-        for actor in [self.learner, *self.workers]:
-            ray.kill(actor)
+        ray.kill(self.learner)
+        self.pool.kill()

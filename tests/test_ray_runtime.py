@@ -245,7 +245,9 @@ def test_a_non_finite_step_stops_the_run_and_the_step_queued_behind_it_changes_n
     cfg = tiny_config(method="copc", staleness=1, steps=6)
     rt = RayTrainer(sized(cfg), tiny_warm_state)
     ray.kill(rt.learner)
-    rt.learner = ray.remote(_PoisonedLearner).options(num_cpus=0.5).remote(rt.config_json, tiny_warm_state, 1)
+    rt.learner = (
+        ray.remote(_PoisonedLearner).options(num_cpus=0.5).remote(rt.config.model_dump_json(), tiny_warm_state, 1)
+    )
     try:
         summary = rt.run()
         learner_weights = ray.get(rt.learner.weights.remote())
