@@ -135,6 +135,26 @@ def copc_train(params: TrainParams) -> dict:
     return summary.model_dump() | {"mlflow_run_id": run_id, "run_dir": str(run_dir)}
 
 
+@task(name="trial", task_run_name="{name}")
+def trial_node(name: str, outcome: dict) -> dict:
+    """A finished trial as a node of the sweep's run graph (the trial itself ran as a Ray task): its
+    summary and MLflow run, or its failure."""
+    if "error" in outcome:
+        raise RuntimeError(f"trial {name} failed: {outcome['error']}")
+    return outcome
+
+
+def _draw_trial(name: str, outcome) -> None:
+    """Record a trial that just ended as a task run of the current flow run (a failure marks the node
+    failed, not the flow)."""
+    if isinstance(outcome, BaseException):
+        data = {"error": f"{type(outcome).__name__}: {outcome}"}
+    else:
+        data = {"mlflow_run_id": outcome.mlflow_run_id, "objective": outcome.objective}
+        data |= outcome.summary.model_dump(include={"final_accuracy", "peak_accuracy", "collapsed", "collapse_step"})
+    trial_node(name, data, return_state=True)
+
+
 @flow(name="copc-sweep")
 def copc_sweep(params: SweepParams) -> dict:
     """Run a sweep (every trial's line in this flow run's log), publish its table as an artifact with
@@ -154,6 +174,7 @@ def copc_sweep(params: SweepParams) -> dict:
         params.sampler,
         params.max_parallel,
         progress=logger,
+        on_trial=_draw_trial,
     )
     table = grid_table(result.study, params.space)
     logger.info("\n%s", table)
@@ -184,17 +205,40 @@ def copc_sweep(params: SweepParams) -> dict:
     }
 
 
-def _fmt(v) -> str:
-    return "—" if v is None or v != v else (f"{v:.3f}" if isinstance(v, float) else str(v))
-
-
 def _sweep_markdown(
     params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str, experiment: str, run_url
 ) -> str:
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
+    from infra.tracking import markdown_table
     from sweeps.space import point_label
 
+    cells = [
+        {
+            "method": r["method"],
+            "τ_p": r["tau_policy"],
+            "τ_a": r["tau_advantage"],
+            "k": r["staleness"],
+            "seeds": r["seeds"],
+            "objective mean": r["objective_mean"],
+            "objective sd": r["objective_sd"],
+            "final mean": r["final_mean"],
+            "final sd": r["final_sd"],
+            "collapsed": f"{r['collapsed']}/{r['seeds']}",
+        }
+        for r in rows
+    ]
+    trials = []
+    for o in result.outcomes:
+        run_id = o.result.mlflow_run_id if o.result else ""
+        trials.append(
+            {
+                "trial": point_label(o.point, params.space.schedule),
+                "state": o.state,
+                "objective": o.value if o.state == "COMPLETE" else o.reason[:200],
+                "MLflow run": f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else None,
+            }
+        )
     lines = [
         f"### Sweep {params.name}",
         "",
@@ -205,23 +249,12 @@ def _sweep_markdown(
         f"report: `{report}` (also the artifact `report/` of the [parent run]"
         f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`",
         "",
-        "| method | τ_p | τ_a | k | seeds | objective mean | sd | final mean | sd | collapsed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        markdown_table(cells, ".3f") if cells else "no cells",
+        "",
+        "Trials run by this flow run:",
+        "",
+        markdown_table(trials, ".3f") if trials else "none",
     ]
-    lines += [
-        f"| {r['method']} | {_fmt(r['tau_policy'])} | {_fmt(r['tau_advantage'])} | {r['staleness']} | {r['seeds']} | "
-        f"{_fmt(r['objective_mean'])} | {_fmt(r['objective_sd'])} | {_fmt(r['final_mean'])} | {_fmt(r['final_sd'])} | "
-        f"{r['collapsed']}/{r['seeds']} |"
-        for r in rows
-    ]
-    lines += ["", "Trials run by this flow run:", "", "| trial | state | objective | MLflow run |", "|---|---|---|---|"]
-    for o in result.outcomes:
-        run_id = o.result.mlflow_run_id if o.result else ""
-        link = f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else "—"
-        lines.append(
-            f"| {point_label(o.point, params.space.schedule)} | {o.state} | "
-            f"{_fmt(o.value) if o.state == 'COMPLETE' else o.reason[:200]} | {link} |"
-        )
     return "\n".join(lines)
 
 

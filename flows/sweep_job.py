@@ -8,6 +8,7 @@ import pathlib
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from copc_core.config import RunConfig
@@ -30,9 +31,11 @@ def run_sweep(
     sampler: str = "grid",
     max_parallel: int | None = None,
     progress: logging.Logger | logging.LoggerAdapter | None = None,
+    on_trial: Callable[[str, TrialResult | BaseException], None] | None = None,
 ) -> SweepResult:
     """Run every point of `space` not finished yet in study `name`; each trial is logged to MLflow, then
-    told to Optuna, as it ends. `progress` (a logger: the Prefect flow's) gets a line per trial."""
+    told to Optuna, as it ends. `progress` (a logger: the Prefect flow's) gets a line per trial, and
+    `on_trial(run name, result or exception)` is called as each trial ends (the flow draws it as a node)."""
     from tqdm import tqdm
 
     from copc_core.warmstart import warm_start_key
@@ -96,6 +99,8 @@ def run_sweep(
                     + f" (objective {outcome.objective:.3f}; MLflow run {run_id})"
                 )
             on_result(i, outcome)
+            if on_trial is not None:
+                on_trial(run_name, outcome)
             bar.update(1)
 
         run_trials(configs, cache, done, max_parallel)

@@ -249,13 +249,14 @@ def logged_summary(metrics: dict[str, float], tags: dict[str, str]) -> RunSummar
     return RunSummary.model_validate(data)
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Rows of a sweep's summary as a Markdown table (numbers to 3 decimals, None as —)."""
+def markdown_table(rows: list[dict[str, Any]], number: str = ".3g") -> str:
+    """Rows as a Markdown table, the first row's keys as its head (floats in the `number` format,
+    None and NaN as —)."""
 
     def cell(v: Any) -> str:
         if v is None or (isinstance(v, float) and v != v):
             return "—"
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
+        return format(v, number) if isinstance(v, float) else str(v)
 
     head = list(rows[0])
     return "\n".join(

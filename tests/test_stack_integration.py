@@ -86,7 +86,10 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                     logs = c.read_logs(log_filter=F.LogFilter(flow_run_id=F.LogFilterFlowRunId(any_=[run.id])))
                     arts = c.read_artifacts(
                         artifact_filter=F.ArtifactFilter(flow_run_id=F.ArtifactFilterFlowRunId(any_=[run.id])))
+                    tasks = c.read_task_runs(flow_run_filter=F.FlowRunFilter(id=F.FlowRunFilterId(any_=[run.id])))
                 print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
+                print("TRIAL_NODES", json.dumps(sorted(
+                    [t.name, t.state.type.value] for t in tasks if t.task_key.startswith("trial"))))
                 print("ARTIFACT", json.dumps([a.data for a in arts if a.key == "copc-sweep"]))
                 # a caller of the API may not choose where files are written
                 evil = run_deployment("copc-report/embedded", timeout=300, parameters={{"params": {{
@@ -99,6 +102,10 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
             assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
             assert "TRIAL_LINES 3" in out.stdout  # a log line per trial in the flow run, as it ends
+            # and a node per trial in the flow run's graph, named by its point
+            nodes = json.loads(out.stdout.split("TRIAL_NODES ")[1].splitlines()[0])
+            assert [state for _, state in nodes] == ["COMPLETED"] * 3, nodes
+            assert sorted(name.split()[0] for name, _ in nodes) == ["copc", "copc", "tis"], nodes
             (artifact,) = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
             assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
             assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
