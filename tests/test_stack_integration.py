@@ -347,3 +347,43 @@ def test_copc_dashboard_without_a_storage_exits_2(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "run a sweep first" in out.stderr and not (tmp_path / "optuna.db").exists()
+
+
+def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(tmp_path):
+    """Prefect's own shutdown of `serve` retries the API for over a minute and ends in a traceback when
+    the server is gone; `copc serve` checks the API first and exits at once, saying why."""
+    import signal
+
+    log = tmp_path / "serve.log"
+    with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
+        env = dict(
+            os.environ,
+            PREFECT_API_URL=f"{stack.prefect_url}/api",
+            COPC_DATA_DIR=str(tmp_path),
+            PREFECT_HOME=str(tmp_path / "prefect-client"),
+        )
+        server = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 180
+        while "copc serve: serving" not in log.read_text() and time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        assert "copc-sweep/embedded" in log.read_text(), log.read_text()[-3000:]
+        time.sleep(5)  # the runner is up and polling
+    # the stack is down now: the API does not answer
+    before = len(log.read_text())
+    start = time.monotonic()
+    server.send_signal(signal.SIGTERM)
+    try:
+        rc = server.wait(timeout=30)
+    finally:
+        server.kill()
+    assert time.monotonic() - start < 30 and rc == 0, log.read_text()[-3000:]
+    after = log.read_text()[before:]  # (Prefect logs its own errors while serving, once the server is gone)
+    assert "the Prefect server is gone; stopped without telling it" in after, after[-3000:]
+    assert "ConnectError" not in after, after[-3000:]
