@@ -7,16 +7,18 @@ parameter form generated from the pydantic models below.
 from __future__ import annotations
 
 import pathlib
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
+from copc_core.run_presets import RUN_PRESETS
 from sweeps.space import SweepName, SweepSpace
 
+RunPresetName = Literal[tuple(RUN_PRESETS)]  # the presets' names, choices in the form
 LOCAL_CALLER = {"local_caller": True}  # validation context of the CLI: its user chooses paths freely
 
 
@@ -36,14 +38,39 @@ def _confined(field: str, kind: str):
     return field_validator(field)(check)
 
 
+OverrideValue = Union[bool, int, float, str, None]
+
+
 class TrainParams(BaseModel):
+    """One run: a preset and a few dotted overrides (a short form), or a whole RunConfig."""
+
     model_config = ConfigDict(extra="forbid")
 
-    config: RunConfig = Field(default_factory=RunConfig)
+    preset: RunPresetName = Field("embedded-default", description="the run's base config (`copc train --help`)")
+    overrides: dict[str, OverrideValue] = Field(
+        default_factory=dict,
+        description='dotted RunConfig fields over the preset, e.g. {"method.name": "tis", "train.staleness": 4}',
+    )
+    config: Optional[RunConfig] = Field(None, description="a whole RunConfig in place of the preset (advanced)")
     runtime: Literal["inprocess", "ray"] = "inprocess"
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
+
+    @model_validator(mode="after")
+    def _overrides_apply(self) -> TrainParams:
+        try:
+            self.run_config()
+        except KeyError as err:
+            raise ValueError(f"overrides: {err.args[0]}") from None
+        return self
+
+    def run_config(self) -> RunConfig:
+        """The run's config: `config` or the preset, with the overrides applied (re-validated)."""
+        from copc_core.config import with_overrides
+        from copc_core.run_presets import run_preset
+
+        return with_overrides(self.config if self.config is not None else run_preset(self.preset), self.overrides)
 
 
 def _embedded() -> tuple[SweepSpace, RunConfig]:
@@ -120,13 +147,14 @@ def copc_train(params: TrainParams) -> dict:
 
     from infra.local_run import train_and_track
 
+    config = params.run_config()
     summary, run_dir, run_id = train_and_track(
-        params.config, _data(params.data_dir), params.runtime, tags={"prefect_flow_run_id": str(flow_run.get_id())}
+        config, _data(params.data_dir), params.runtime, tags={"prefect_flow_run_id": str(flow_run.get_id())}
     )
     s = summary
     publish_markdown(
         "copc-train-summary",
-        f"### Run {params.config.config_hash()}\n\nheld-out accuracy: warm start "
+        f"### Run {config.config_hash()}\n\nheld-out accuracy: warm start "
         f"{s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} (peak {s.peak_accuracy:.3f})"
         f"{' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}\n\nMLflow run `{run_id}`; "
         f"files: `{run_dir}`\n\n```\n{s.model_dump_json(indent=2)}\n```",

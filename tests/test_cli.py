@@ -323,3 +323,23 @@ def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_
         "(default: the method's)",
     ):
         assert text in out.stdout, text
+
+
+def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
+    from pydantic import ValidationError
+
+    from copc_core.run_presets import run_preset
+    from flows.prefect_flows import TrainParams
+
+    short = TrainParams(preset="embedded-search", overrides={"method.name": "tis", "train.staleness": 4})
+    expected = run_preset("embedded-search").model_dump()
+    expected["method"]["name"], expected["train"]["staleness"] = "tis", 4
+    assert short.run_config().model_dump() == expected
+    whole = TrainParams(config=tiny_config(steps=2), overrides={"train.seed": 7})
+    assert whole.run_config().train.steps == 2 and whole.run_config().train.seed == 7
+    with pytest.raises(ValidationError, match="no config field 'stalenes' in 'train.stalenes'"):
+        TrainParams(overrides={"train.stalenes": 4})
+    with pytest.raises(ValidationError, match="train.staleness"):
+        TrainParams(overrides={"train.staleness": -4})
+    with pytest.raises(ValidationError, match="preset"):
+        TrainParams(preset="huge")
