@@ -200,3 +200,37 @@ def test_the_prefect_ui_of_copc_up_finds_its_api_on_a_non_default_port(browser, 
         shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "prefect-ui.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(shot))
+
+
+def test_the_copc_train_form_in_the_prefect_ui_is_a_preset_and_overrides(browser, tmp_path):
+    """The custom-run form of `copc-train/embedded` was the whole RunConfig (~8,600 px of nested
+    fields); it is a preset, overrides and the runtime, with the RunConfig one optional field away."""
+    import json
+    import time
+    import urllib.request
+
+    from infra.local_stack import LocalStack
+    from tests.stack_helpers import free_port, stack_env, start_serve
+
+    with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
+        serve = start_serve(stack_env(stack, tmp_path), tmp_path / "serve.log")
+        try:
+            url = f"{stack.prefect_url}/api/deployments/name/copc-train/embedded"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                deployment_id = json.loads(response.read())["id"]
+            browser.get(f"{stack.prefect_url}/deployments/deployment/{deployment_id}/run")
+            deadline, text = time.time() + 90, ""
+            while time.time() < deadline:
+                text = browser.find_element("tag name", "body").text
+                if "Overrides" in text and "Runtime" in text:
+                    break
+                time.sleep(1)
+            assert "Preset" in text and "Overrides" in text and "Runtime" in text, text[:3000]
+            # no nested RunConfig field is laid out until the user asks for a whole config
+            assert "Critic Lr Scale" not in text and "Minibatches" not in text, text[:3000]
+            shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "prefect-train-form.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            browser.save_screenshot(str(shot))
+        finally:
+            serve.terminate()
+            serve.wait(timeout=60)

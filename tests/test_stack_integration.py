@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from infra.local_stack import LocalStack, ServerDownError, wait_healthy
 from tests.conftest import tiny_config
+from tests.stack_helpers import free_port, stack_env, start_serve
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,28 +26,10 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
-        env = dict(
-            os.environ,
-            PREFECT_API_URL=f"{stack.prefect_url}/api",
-            MLFLOW_TRACKING_URI=stack.mlflow_url,
-            COPC_DATA_DIR=str(tmp_path),
-            PREFECT_HOME=str(tmp_path / "prefect-client"),
-        )
-        server = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=open(tmp_path / "serve.log", "wb"),
-            stderr=subprocess.STDOUT,
-        )
+        env = stack_env(stack, tmp_path, MLFLOW_TRACKING_URI=stack.mlflow_url)
+        server = start_serve(env, tmp_path / "serve.log", wait=False)
         try:
             params = {
                 "params": {
@@ -356,23 +339,7 @@ def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(t
 
     log = tmp_path / "serve.log"
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
-        env = dict(
-            os.environ,
-            PREFECT_API_URL=f"{stack.prefect_url}/api",
-            COPC_DATA_DIR=str(tmp_path),
-            PREFECT_HOME=str(tmp_path / "prefect-client"),
-        )
-        server = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=open(log, "wb"),
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 180
-        while "copc serve: serving" not in log.read_text() and time.monotonic() < deadline:
-            assert server.poll() is None, log.read_text()[-3000:]
-            time.sleep(1)
+        server = start_serve(stack_env(stack, tmp_path), log)
         assert "copc-sweep/embedded" in log.read_text(), log.read_text()[-3000:]
         time.sleep(5)  # the runner is up and polling
     # the stack is down now: the API does not answer

@@ -1,0 +1,43 @@
+"""Shared by the tests that run real servers: free loopback ports and `copc serve` against a stack."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stack_env(stack, data: pathlib.Path, **extra: str) -> dict[str, str]:
+    """The environment of a process that uses `stack` (a LocalStack) with `data` as its data folder."""
+    return dict(
+        os.environ,
+        PREFECT_API_URL=f"{stack.prefect_url}/api",
+        COPC_DATA_DIR=str(data),
+        PREFECT_HOME=str(data / "prefect-client"),
+        **extra,
+    )
+
+
+def start_serve(env: dict[str, str], log: pathlib.Path, wait: bool = True) -> subprocess.Popen:
+    """`copc serve` in the background, its output in `log`; with `wait`, until it says it serves."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while wait and "copc serve: serving" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    return proc
