@@ -140,22 +140,15 @@ def heatmaps(bv: pd.DataFrame, opt: pd.DataFrame, metric: str, label: str) -> go
             row=1,
             col=col,
         )
-        fig.update_xaxes(
-            title_text="τ_a",
-            type="category",
-            categoryorder="array",
-            categoryarray=[tau(v) for v in tas],
-            row=1,
-            col=col,
-        )
-        fig.update_yaxes(
-            title_text="τ_p",
-            type="category",
-            categoryorder="array",
-            categoryarray=[tau(v) for v in tps],
-            row=1,
-            col=col,
-        )
+        for update, title, values in ((fig.update_xaxes, "τ_a", tas), (fig.update_yaxes, "τ_p", tps)):
+            update(
+                title_text=title,
+                type="category",
+                categoryorder="array",
+                categoryarray=[tau(v) for v in values],
+                row=1,
+                col=col,
+            )
     fig.update_layout(
         title=f"{html.escape(label)} over (τ_p, τ_a) per staleness ε (○ best τ_p per τ_a, ★ best cell)",
         height=420,

@@ -41,3 +41,24 @@ def start_serve(env: dict[str, str], log: pathlib.Path, wait: bool = True) -> su
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(1)
     return proc
+
+
+def start_up(data: pathlib.Path, prefect_port: int, mlflow_port: int) -> subprocess.Popen:
+    """`copc up` on the given loopback ports, its output readable line by line from `stdout`."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "up",
+            "--prefect-port",
+            str(prefect_port),
+            "--mlflow-port",
+            str(mlflow_port),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, COPC_DATA_DIR=str(data)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from infra.local_stack import LocalStack, ServerDownError, wait_healthy
 from tests.conftest import tiny_config
-from tests.stack_helpers import free_port, stack_env, start_serve
+from tests.stack_helpers import free_port, stack_env, start_serve, start_up
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,14 +150,7 @@ def test_the_servers_die_with_the_process_that_started_them(tmp_path):
     import signal
 
     pp, mp = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
-        cwd=ROOT,
-        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_up(tmp_path, pp, mp)
     deadline = time.time() + 300
     while time.time() < deadline:
         line = proc.stdout.readline()
@@ -184,14 +177,7 @@ def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path
     import urllib.request
 
     pp, mp = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "up", "--prefect-port", str(pp), "--mlflow-port", str(mp)],
-        cwd=ROOT,
-        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_up(tmp_path, pp, mp)
     try:
         lines = []
         deadline = time.time() + 300
