@@ -179,10 +179,11 @@ class VLLMEngine:
         kv_cache_memory_bytes: int | None = None,
         **engine_kwargs,
     ):
+        build = vllm_device()
         reason = (
             vllm_unavailable_reason(device)
-            or memory_problem(gpu_memory_utilization, kv_cache_memory_bytes, vllm_device())
-            or model_problem(model, vllm_device())
+            or memory_problem(gpu_memory_utilization, kv_cache_memory_bytes, build)
+            or model_problem(model, build)
         )
         if reason is not None:
             raise RuntimeError(f"VLLMEngine cannot start: {reason}")

@@ -13,6 +13,9 @@ from typing import NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
+from infra.settings import Runtime
+from sweeps.space import Sampler
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
 
 
@@ -120,8 +123,6 @@ def _choices(model: str, field: str):
 Device = _choices("ModelConfig", "device")
 Lag = _choices("TrainConfig", "lag")
 Anchor = _choices("MethodConfig", "anchor")
-Runtime = typing.Literal["inprocess", "ray"]
-Sampler = typing.Literal["grid", "tpe"]
 
 
 def _default(path: str) -> str:

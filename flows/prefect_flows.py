@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
 from copc_core.run_presets import RUN_PRESETS
-from sweeps.space import SweepName, SweepSpace
+from infra.settings import Runtime
+from sweeps.space import Sampler, SweepName, SweepSpace
 
 RunPresetName = Literal[tuple(RUN_PRESETS)]  # the presets' names, choices in the form
 LOCAL_CALLER = {"local_caller": True}  # validation context of the CLI: its user chooses paths freely
@@ -52,7 +53,7 @@ class TrainParams(BaseModel):
         description='dotted RunConfig fields over the preset, e.g. {"method.name": "tis", "train.staleness": 4}',
     )
     config: Optional[RunConfig] = Field(None, description="a whole RunConfig in place of the preset (advanced)")
-    runtime: Literal["inprocess", "ray"] = "inprocess"
+    runtime: Runtime = "inprocess"
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
@@ -87,7 +88,7 @@ class SweepParams(BaseModel):
     base: RunConfig = Field(default_factory=lambda: _embedded()[1])
     storage: Optional[str] = None
     tracking_uri: Optional[str] = None
-    sampler: Literal["grid", "tpe"] = "grid"
+    sampler: Sampler = "grid"
     max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 

@@ -516,7 +516,7 @@ class RayTrainer:
         self._get(self.learner.load_state_dict.remote(state["learner"]), "learner restore")
         self.versions = {int(v): ray.put(pack(w)) for v, w in state["versions"].items()}
         self.history, self.evals = list(state["history"]), list(state["evals"])
-        self.counters.__dict__.update(Counters(**state["counters"]).__dict__)  # the pool keeps the same books
+        self.counters = self.pool.counters = Counters(**state["counters"])  # one book, the pool's too
         self.non_finite_step = state["non_finite_step"]
         self.warmup = list(state["warmup"])
 

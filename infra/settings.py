@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Literal
+
+# where a run trains: in this process, or on Ray (rollout and learner actors)
+Runtime = Literal["inprocess", "ray"]
 
 
 def data_root() -> pathlib.Path:

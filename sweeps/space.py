@@ -31,6 +31,8 @@ SweepName = Annotated[
         description="letters, digits, . _ + = - and inner spaces",
     ),
 ]
+# how a study orders the points it has not run (sweeps/study.py: every point runs either way)
+Sampler = Literal["grid", "tpe"]
 MAX_GRID_POINTS = 100_000  # a grid larger than this is refused before it is built
 
 
