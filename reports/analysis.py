@@ -260,3 +260,128 @@ def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
     ]
     means = means.astype({"staleness": "int64", "n_runs": "int64"})
     return schema.validate(means, schema.STEP_TIMES, "step_times")
+
+
+# ---------------------------------------------------------------- claims free of selection
+
+
+def cell_label(method: str, tau_policy: float, tau_advantage: float) -> str:
+    """'copc τ_p 1.5 τ_a 2' (an infinite band, i.e. none, is left out)."""
+    bands = [f"{name} {v:g}" for name, v in (("τ_p", tau_policy), ("τ_a", tau_advantage)) if math.isfinite(v)]
+    return " ".join([method, *bands])
+
+
+def selection_free_scores(runs: pd.DataFrame, families: dict[str, list[str]], score: str = "objective") -> pd.DataFrame:
+    """Per family (a name → the methods whose cells it holds), k and seed, two scores on that seed:
+
+    - tuned: the cell with the best mean over the *other* seeds, scored on this one (leave-one-seed-out,
+      as nested cross-validation does it): choosing the bands played no part in the score, so a best-of-12
+      grid is not favoured by selection over a one-cell baseline. A cell needs this seed and another one;
+      ties go to the first cell in label order.
+    - untuned: the mean over every cell of the family, on seeds that have them all (what the bands give
+      without tuning them).
+    """
+    scored = runs[runs["scored"]]
+    rows = []
+    for family, methods in families.items():
+        mine = scored[scored["method"].isin(methods)]
+        for k, g in mine.groupby("staleness", sort=True):
+            labels = [cell_label(m, tp, ta) for m, tp, ta in zip(g["method"], g["tau_policy"], g["tau_advantage"])]
+            table = g.assign(cell=labels).pivot_table(index="seed", columns="cell", values=score, aggfunc="mean")
+            table = table.reindex(sorted(table.columns), axis=1)
+            base = {"family": family, "staleness": int(k)}
+            for s in table.index:
+                here, others = table.loc[s], table.drop(index=s).mean()
+                ok = here.notna() & others.notna()
+                if ok.any():
+                    cell = others[ok].idxmax()
+                    rows.append(
+                        base
+                        | {
+                            "kind": "tuned",
+                            "seed": int(s),
+                            "cell": cell,
+                            "score": float(here[cell]),
+                            "cells": int(ok.sum()),
+                        }
+                    )
+                if here.notna().all():
+                    rows.append(
+                        base
+                        | {
+                            "kind": "untuned",
+                            "seed": int(s),
+                            "cell": "all",
+                            "score": float(here.mean()),
+                            "cells": len(here),
+                        }
+                    )
+    if not rows:
+        return schema.empty(schema.SEED_SCORES)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "seed": "int64", "cells": "int64"})
+    return schema.validate(frame, schema.SEED_SCORES, "seed scores")
+
+
+def paired_difference(
+    a: pd.Series, b: pd.Series, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL
+) -> tuple[int, float, float, float]:
+    """(seeds, mean, low, high) of a − b over the seeds both have (Series indexed by seed), with a percentile
+    bootstrap interval over those seeds; the pairing removes what a seed's warm start and problems share."""
+    common = a.index.intersection(b.index)
+    d = (a.loc[common] - b.loc[common]).to_numpy(float)
+    if len(d) == 0:
+        return 0, math.nan, math.nan, math.nan
+    low, high = _interval(_replicates(d, n_boot, np.random.default_rng(seed)), level)
+    return len(d), float(d.mean()), low, high
+
+
+def additive_null(runs: pd.DataFrame, n_null: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Is a grid's interaction share more than seed noise gives? Per (method, k) with a complete ≥ 2 × 2 grid.
+
+    The null is additive: cell means α_i + β_j (the two-way fit of the observed table) plus seed noise drawn
+    with replacement from the pooled within-cell residuals (each scaled by √(n/(n−1)), n its cell's seeds), the
+    same number of seeds per cell as observed. p = (1 + #{null share ≥ observed}) / (1 + n_null). The
+    interaction share's bootstrap interval cannot answer this: seed noise alone makes the share positive.
+    """
+    groups = _groups(runs)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for method, k, tps, tas in _grids(groups):
+        keys = [[(method, k, tp, ta) for ta in tas] for tp in tps]
+        if len(tps) < 2 or len(tas) < 2 or not all(key in groups for row in keys for key in row):
+            continue
+        sizes = np.array([[len(groups[key]) for key in row] for row in keys])
+        if (sizes < 2).any():
+            continue
+        table = np.array([[groups[key].mean() for key in row] for row in keys])
+        observed = float(_fraction(table))
+        if math.isnan(observed):  # a flat grid: no share to test
+            continue
+        grand = table.mean()
+        additive = table.mean(axis=1, keepdims=True) + table.mean(axis=0, keepdims=True) - grand
+        pool = np.concatenate(
+            [
+                (groups[key] - groups[key].mean()) * math.sqrt(len(groups[key]) / (len(groups[key]) - 1))
+                for row in keys
+                for key in row
+            ]
+        )
+        null_table = np.empty((n_null, *table.shape))
+        for i, j in itertools.product(range(len(tps)), range(len(tas))):
+            draws = pool[rng.integers(0, len(pool), size=(n_null, sizes[i, j]))]
+            null_table[:, i, j] = additive[i, j] + draws.mean(axis=1)
+        null = _fraction(null_table)
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "fraction": observed,
+                "null_median": float(np.nanmedian(null)),
+                "p_value": float((1 + np.sum(null >= observed - 1e-12)) / (1 + n_null)),
+                "n_min": int(sizes.min()),
+            }
+        )
+    if not rows:
+        return schema.empty(schema.ADDITIVE_NULL)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_min": "int64"})
+    return schema.validate(frame, schema.ADDITIVE_NULL, "additive null")

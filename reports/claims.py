@@ -7,8 +7,11 @@ ablations), a *baseline* has no band. Then:
       bootstrap intervals over seeds, significant sign reversals, and the interaction share;
   (b) per k, the best cell of every method, and each two-channel method's best vs the best baseline;
   (c) at the largest k, every method's collapse rate and whether its early warnings came first;
-  plus the high-performing region: the share of each banded method's cells within 90 % of the best.
-A run's score here is its final held-out accuracy; collapse is counted separately.
+  plus the high-performing region: the share of each banded method's cells within 90 % of the best;
+  (d) free of selection: each method's tuned score (bands chosen on the other seeds, leave-one-seed-out)
+      and untuned one (mean over its cells), and paired differences: each two-channel method against the
+      baselines (tuned among themselves the same way) and against each other two-channel method.
+A run's score here is its final held-out accuracy (and in (d) its AUC too); collapse is counted separately.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ import math
 
 import pandas as pd
 
-from reports.analysis import N_BOOT, cell_stats, coupling, interaction_fraction
+from reports.analysis import (
+    N_BOOT,
+    additive_null,
+    cell_stats,
+    coupling,
+    interaction_fraction,
+    paired_difference,
+    selection_free_scores,
+)
 
 
 def _roles(runs: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
@@ -56,6 +67,7 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     for m in two:
         out += _coupling_section(runs[runs["method"] == m], cells, m, lags, n_boot)
     out += _best_sections(runs, cells, lags, two, single, baselines)
+    out += _selection_free_section(runs, lags, two, single, baselines, n_boot)
     return "\n".join(out)
 
 
@@ -63,17 +75,18 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
     out = []
     pairs = coupling(copc, n_boot)
     share = interaction_fraction(copc, n_boot)
+    null = additive_null(copc, n_boot)
     out.append(f"#### (a) Coupling: does τ_p's effect depend on τ_a? ({method} grid)\n")
     out.append(
         "| k | 2×2 sub-grids | significant interaction | sign reversals | significant reversals | "
-        "interaction share [95 % CI] | largest |contrast| [95 % CI] |"
+        "interaction share [95 % CI] | p, additive null (seed noise alone) | largest |contrast| [95 % CI] |"
     )
-    out.append("|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|")
     for k in lags:
         p = pairs[pairs["staleness"] == k]
         s = share[share["staleness"] == k]
         if p.empty:
-            out.append(f"| {k} | 0 | — | — | — | — | — |")
+            out.append(f"| {k} | 0 | — | — | — | — | — | — |")
             continue
         top = p.loc[p["contrast"].abs().idxmax()]
         frac = (
@@ -81,9 +94,11 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
             if len(s) and not math.isnan(s.iloc[0]["fraction"])
             else "— (grid flat)"
         )
+        n = null[null["staleness"] == k]
+        p_null = f"{n.iloc[0]['p_value']:.3f} (null median {n.iloc[0]['null_median']:.2f})" if len(n) else "—"
         out.append(
             f"| {k} | {len(p)} | {int(p['significant_interaction'].sum())} | {int(p['reversal'].sum())} | "
-            f"{int(p['significant_reversal'].sum())} | {frac} | {top['contrast']:+.2f} "
+            f"{int(p['significant_reversal'].sum())} | {frac} | {p_null} | {top['contrast']:+.2f} "
             f"[{top['contrast_low']:+.2f}, {top['contrast_high']:+.2f}] (τ_p {top['tau_policy_from']:g}→"
             f"{top['tau_policy_to']:g}, τ_a {top['tau_advantage_a']:g} vs {top['tau_advantage_b']:g}) |"
         )
@@ -183,4 +198,95 @@ def _best_sections(
             n = int((mine["mean"] >= 0.9 * top - 1e-12).sum())
             line.append(f"{n}/{len(mine)} ({n / len(mine):.0%})" if len(mine) else "—")
         out.append(f"| {k} | {top:.2f} | " + " | ".join(line) + " |")
+    return out
+
+
+def _interval_text(mean: float, low: float, high: float, signed: bool = False) -> str:
+    f = "+.2f" if signed else ".2f"
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:{f}}" + ("" if math.isnan(low) else f" [{low:{f}}, {high:{f}}]")
+
+
+def _selection_free_section(
+    runs: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str], n_boot: int
+) -> list[str]:
+    chosen_baseline = "baselines (chosen)"
+    families = {m: [m] for m in [*two, *single, *baselines]} | (
+        {chosen_baseline: baselines} if len(baselines) > 1 else {}
+    )
+    scores = {
+        name: selection_free_scores(runs, families, column)
+        .set_index(["family", "staleness", "kind", "seed"])
+        .sort_index()
+        for name, column in (("final", "final_accuracy"), ("AUC", "auc_accuracy"))
+    }
+
+    def series(name: str, family: str, k: int, kind: str) -> pd.Series:
+        frame = scores[name]
+        key = (family, k, kind)
+        return frame.loc[key]["score"] if key in frame.index.droplevel("seed") else pd.Series(dtype=float)
+
+    def diff(a: pd.Series, b: pd.Series, signed: bool = True) -> str:
+        n, mean, low, high = paired_difference(a, b, n_boot)
+        return f"{_interval_text(mean, low, high, signed)} ({n})" if n else "—"
+
+    def mean_ci(values: pd.Series) -> str:  # a mean's interval: the paired difference from 0
+        return diff(values, pd.Series(0.0, index=values.index), signed=False)
+
+    out = [
+        "\n#### (d) Free of selection: tuned (bands chosen on the other seeds) and untuned (mean over the cells)\n",
+        "Per seed, *tuned* scores the cell with the best mean over the other seeds (leave-one-seed-out), so a "
+        "grid's best-of-N is not favoured by selection over a one-cell baseline; *baselines (chosen)* is the "
+        "baseline chosen the same way. Seed mean [95 % bootstrap CI] (seeds).\n",
+        "| method | k | tuned final | tuned AUC | cell chosen per seed (final) | untuned final | untuned AUC |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for family in families:
+        for k in lags:
+            tuned = series("final", family, k, "tuned")
+            if tuned.empty:
+                continue
+            chosen = scores["final"].loc[(family, k, "tuned")]["cell"]
+            cells = "; ".join(f"{s}: {c.removeprefix(family).strip() or '='}" for s, c in chosen.items())
+            banded = family in two or family in single
+            untuned = [mean_ci(series(n, family, k, "untuned")) if banded else "=" for n in ("final", "AUC")]
+            out.append(
+                f"| {family} | {k} | {mean_ci(tuned)} | {mean_ci(series('AUC', family, k, 'tuned'))} | "
+                f"{cells if banded or family == chosen_baseline else '='} | {untuned[0]} | {untuned[1]} |"
+            )
+    rivals = [*baselines, *([chosen_baseline] if len(baselines) > 1 else [])]
+    for name in ("final", "AUC"):
+        for k in lags:
+            present = [b for b in rivals if not series(name, b, k, "tuned").empty]
+            if not present or all(series(name, m, k, "tuned").empty for m in two):
+                continue
+            out += [
+                f"\nTuned {name} of each two-channel method minus each baseline at k = {k}, paired by seed (a seed "
+                "shares its warm start and problems across methods): difference [95 % bootstrap CI] (seeds).\n",
+                "| method | " + " | ".join(present) + " |",
+                "|---|" + "---|" * len(present),
+            ]
+            for m in two:
+                out.append(
+                    f"| {m} | "
+                    + " | ".join(diff(series(name, m, k, "tuned"), series(name, b, k, "tuned")) for b in present)
+                    + " |"
+                )
+    if len(two) > 1:
+        out += [
+            "\nTwo-channel methods against each other, paired by seed: difference [95 % bootstrap CI] (seeds).\n",
+            "| comparison | k | tuned final | tuned AUC | untuned final | untuned AUC |",
+            "|---|---|---|---|---|---|",
+        ]
+        for i, a in enumerate(two):
+            for b in two[i + 1 :]:
+                for k in lags:
+                    cols = [
+                        diff(series(name, a, k, kind), series(name, b, k, kind))
+                        for kind in ("tuned", "untuned")
+                        for name in ("final", "AUC")
+                    ]
+                    if any(c != "—" for c in cols):
+                        out.append(f"| {a} − {b} | {k} | " + " | ".join(cols) + " |")
     return out

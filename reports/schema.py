@@ -105,6 +105,25 @@ INTERACTION = {
     "n_min": "int",
 }
 
+ADDITIVE_NULL = {
+    "method": "str",
+    "staleness": "int",
+    "fraction": "float",
+    "null_median": "float",  # the interaction share seed noise alone gives around the additive fit
+    "p_value": "float",
+    "n_min": "int",
+}
+
+SEED_SCORES = {  # one row per (family of methods, k, kind, seed)
+    "family": "str",
+    "staleness": "int",
+    "kind": "str",  # "tuned": the cell chosen on the other seeds | "untuned": the mean over every cell
+    "seed": "int",
+    "cell": "str",  # the cell scored ("all" for an untuned score)
+    "score": "float",
+    "cells": "int",  # cells it was chosen from, or averaged over
+}
+
 REGION = {
     "method": "str",
     "staleness": "int",

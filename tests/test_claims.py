@@ -24,6 +24,7 @@ def row(method, tp, ta, k, seed, acc, collapsed=False, collapse_step=None, ess=(
         "scored": True,
         "objective": acc + NOISE[seed] - (0.5 if collapsed else 0.0),
         "final_accuracy": acc + NOISE[seed],
+        "auc_accuracy": acc + NOISE[seed] - 0.3,
         "peak_accuracy": max(acc + NOISE[seed], 0.6),
         "collapsed": collapsed,
         "collapse_step": math.nan if collapse_step is None else float(collapse_step),
@@ -104,8 +105,9 @@ def test_claim_tables_find_the_known_reversal_and_the_better_baseline():
     k4 = coupling["4"]
     assert k4[1] == "9"  # 3 τ_p pairs × 3 τ_a pairs
     assert int(k4[4]) >= 1  # significant reversals
-    assert "-1.20" in k4[6] and "τ_p 1.5→4, τ_a 1 vs 4" in k4[6]  # E_b − E_a = −0.6 − 0.6
-    assert "grid flat" in coupling["64"][5]
+    assert "-1.20" in k4[7] and "τ_p 1.5→4, τ_a 1 vs 4" in k4[7]  # E_b − E_a = −0.6 − 0.6
+    assert k4[6].startswith("0.000 ")  # p = 1/2001: no null draw reaches the observed share
+    assert "grid flat" in coupling["64"][5] and coupling["64"][6] == "—"
     verdict = {r[1]: r for r in rows(text, "| method | k | best cell") if r[0] == "copc"}
     assert verdict["4"][2].startswith("0.80") and verdict["4"][3].startswith("tis 0.90") and verdict["4"][4] == "no"
     assert verdict["4"][5] == "no"  # [0.79, 0.81] vs [0.89, 0.91]
@@ -124,3 +126,25 @@ def test_claim_tables_find_the_known_reversal_and_the_better_baseline():
     # policy-only's 0.40 not
     assert region["64"][col["copc"]] == "9/9 (100%)" and region["64"][col["copc_advantage_only"]].startswith("3/3")
     assert region["64"][col["copc_policy_only"]].startswith("0/3")
+
+
+def test_selection_free_section_scores_the_chosen_cell_on_the_held_out_seed():
+    """At k = 4 COPC's best cells tie at 0.8 on every other-seed mean; the tie goes to the first label
+    (τ_p 1.5, τ_a 4), scored 0.8 + the seed's noise: 0.80. tis (0.9) is the baseline chosen on every seed, so
+    COPC − tis = −0.10 on each seed, with no spread. Untuned COPC: (2 × 0.2 + 2 × 0.8 + 5 × 0.5) / 9 = 0.50."""
+    text = claim_tables(pd.DataFrame(constructed_rows()))
+    scores = {(r[0], r[1]): r for r in rows(text, "#### (d)")}
+    copc = scores["copc", "4"]
+    assert copc[2] == "0.80 [0.79, 0.81] (3)" and copc[3] == "0.50 [0.49, 0.51] (3)"
+    assert copc[4] == "0: τ_p 1.5 τ_a 4; 1: τ_p 1.5 τ_a 4; 2: τ_p 1.5 τ_a 4" and copc[5] == "0.50 [0.49, 0.51] (3)"
+    assert scores["baselines (chosen)", "4"][4] == "0: tis; 1: tis; 2: tis"
+    assert scores["tis", "4"][2] == "0.90 [0.89, 0.91] (3)" and scores["tis", "4"][5] == "="
+    against = table(text, "Tuned final of each two-channel method minus each baseline at k = 4")
+    head = text[text.index("Tuned final of each two-channel method minus each baseline at k = 4") :]
+    columns = rows(head, "| method |")  # the first table after the heading
+    assert columns == [against["copc"]]
+    header = head.splitlines()[2].strip().strip("|").split("|")
+    col = {h.strip(): i for i, h in enumerate(header)}
+    assert against["copc"][col["tis"]] == "-0.10 [-0.10, -0.10] (3)"
+    assert against["copc"][col["baselines (chosen)"]] == "-0.10 [-0.10, -0.10] (3)"
+    assert against["copc"][col["async_ppo"]] == "+0.50 [+0.50, +0.50] (3)"

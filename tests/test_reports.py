@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from reports import analysis, figures, schema
@@ -398,3 +399,85 @@ def test_report_links_one_plotly_copy_when_asked_and_tables_sort():
     assert '<script type="text/javascript" src="plotly.min.js"></script>' in page
     assert len(page) < 1_000_000  # the 4.8 MB library is not inside
     assert 'class="sortable"' in page and "table.sortable th" in page
+
+
+# ---------------------------------------------------------------- claims free of selection
+
+
+def _seed_rows(method, cells: dict[tuple[float, float], list[float]], k=32):
+    return [
+        trial(f"{method}-{tp}-{ta}-{s}", tp, ta, k, s, v, method=method)
+        for (tp, ta), values in cells.items()
+        for s, v in enumerate(values)
+    ]
+
+
+def test_tuned_score_chooses_each_seeds_cell_on_the_other_seeds():
+    """Two cells with the same mean over seeds: the best-of-two cell mean is 1/3, the selection-free score 0.
+
+    Seed 0: the other seeds' means are A 0, B 0.5 → B, scored B[0] = 0; seeds 1 and 2: A 0.5, B 0.25 → A, scored
+    A[1] = A[2] = 0. Untuned (mean of both cells): 0.5, 0.25, 0.25.
+    """
+    runs = frame(_seed_rows("copc", {(1.5, 1.0): [1.0, 0.0, 0.0], (4.0, 1.0): [0.0, 0.5, 0.5]}))
+    out = analysis.selection_free_scores(runs, {"copc": ["copc"]}).set_index(["kind", "seed"])
+    assert list(out.columns[:2]) == ["family", "staleness"]
+    tuned = out.loc["tuned"]
+    assert tuned["cell"].tolist() == ["copc τ_p 4 τ_a 1", "copc τ_p 1.5 τ_a 1", "copc τ_p 1.5 τ_a 1"]
+    assert tuned["score"].tolist() == [0.0, 0.0, 0.0] and (tuned["cells"] == 2).all()
+    assert out.loc["untuned"]["score"].tolist() == pytest.approx([0.5, 0.25, 0.25], abs=1e-12)
+
+
+def test_tuned_score_of_a_family_of_baselines_and_missing_seeds():
+    """Baselines chosen among by name; a seed a cell lacks is not scored there, nor averaged untuned."""
+    rows = _seed_rows("tis", {(INF, INF): [0.8, 0.6, 0.7]}) + _seed_rows("vtrace", {(INF, INF): [0.5, 0.9]})
+    out = analysis.selection_free_scores(frame(rows), {"baselines": ["tis", "vtrace"]}).set_index(["kind", "seed"])
+    # seed 0: others tis 0.65, vtrace 0.9 → vtrace 0.5; seed 1: tis 0.75, vtrace 0.5 → tis 0.6;
+    # seed 2: vtrace has no seed 2 → tis 0.7
+    assert out.loc["tuned"]["cell"].tolist() == ["vtrace", "tis", "tis"]
+    assert out.loc["tuned"]["score"].tolist() == [0.5, 0.6, 0.7]
+    assert out.loc["untuned"]["score"].tolist() == pytest.approx([0.65, 0.75], abs=1e-12)  # seed 2 lacks vtrace
+
+
+def test_paired_difference_uses_the_common_seeds():
+    a = pd.Series([1.0, 2.0, 3.0, 9.0], index=[0, 1, 2, 3])
+    b = pd.Series([0.0, 0.0, 1.0], index=[0, 1, 2])
+    n, mean, low, high = analysis.paired_difference(a, b)
+    assert n == 3 and mean == pytest.approx(5 / 3, abs=1e-12)  # differences 1, 2, 2
+    assert 1.0 <= low <= mean <= high <= 2.0
+    assert analysis.paired_difference(a, pd.Series([0.5], index=[3]))[1:] == (
+        8.5,
+        *[pytest.approx(math.nan, nan_ok=True)] * 2,
+    )
+
+
+def _bare(table: np.ndarray, k: int = 32) -> pd.DataFrame:
+    """A runs frame with only what the coupling statistics read: a [τ_p, τ_a, seed] table of objectives."""
+    i, a, s = np.indices(table.shape)
+    return pd.DataFrame(
+        {
+            "method": "copc",
+            "staleness": k,
+            "tau_policy": (1.0 + i).ravel().astype(float),
+            "tau_advantage": (1.0 + a).ravel().astype(float),
+            "seed": s.ravel(),
+            "objective": table.ravel(),
+            "scored": True,
+        }
+    )
+
+
+def test_additive_null_is_calibrated_and_sees_a_real_interaction():
+    """Additive grids with Gaussian seed noise: p < 0.05 in about 5 % of 200 (Binomial(200, 0.05): mean 10,
+    P(≤ 2) and P(≥ 21) each below 0.3 %); a bilinear grid far above the noise gets the smallest p there is."""
+    rng = np.random.default_rng(7)
+    effect = 0.1 * np.arange(2)[:, None, None] - 0.05 * np.arange(6)[None, :, None]
+    ps = [
+        analysis.additive_null(_bare(0.6 + effect + rng.normal(0, 0.05, (2, 6, 5))), n_null=400, seed=t)[
+            "p_value"
+        ].item()
+        for t in range(200)
+    ]
+    assert 3 <= sum(p < 0.05 for p in ps) <= 20
+    bilinear = 0.6 + effect + 0.2 * np.arange(2)[:, None, None] * np.arange(6)[None, :, None] / 5
+    out = analysis.additive_null(_bare(bilinear + rng.normal(0, 0.01, (2, 6, 5))), n_null=400)
+    assert out["p_value"].item() == pytest.approx(1 / 401) and out["fraction"].item() > 20 * out["null_median"].item()
