@@ -292,6 +292,11 @@ class TrainConfig(BaseModel):
     )
     eta_chunk: int = Field(16, ge=1, description="episodes per free-running sampling request (bounded staleness)")
     eval_every: int = Field(5, ge=1, le=1_000_000)
+    greedy_eval: Literal["every", "final"] = Field(
+        "every",
+        description="greedy held-out accuracy at every evaluation, or only at step 0 and the last step (half the "
+        "evaluation cost; the sampled accuracy the claims use is the same either way)",
+    )
     kl_step_rows: int = Field(
         8, ge=0, le=4096, description="episodes of each batch on which policy/kl_step is measured (0: off)"
     )

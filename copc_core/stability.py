@@ -11,6 +11,7 @@ running median).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from pydantic import BaseModel, ConfigDict
@@ -125,7 +126,9 @@ def summarise(
         final_accuracy=acc[-1],
         peak_accuracy=max(acc),
         auc_accuracy=area_under_curve(steps, acc),
-        final_accuracy_greedy=evals[-1]["eval/accuracy_greedy"],
+        final_accuracy_greedy=evals[-1].get(
+            "eval/accuracy_greedy", math.nan
+        ),  # NaN: a run stopped early, greedy "final"
         collapsed=reason is not None,
         collapse_step=at,
         collapse_reason=reason,

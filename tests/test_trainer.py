@@ -196,3 +196,20 @@ def test_critic_layouts_share_the_warm_started_policy():
     assert not all(torch.equal(separate[f"critic_trunk.{k}"], v) for k, v in trunk.items())
     with pytest.raises(ValueError, match="separate_critic"):
         with_overrides(tiny_config(), {"model.critic_init": "policy"})
+
+
+def test_greedy_eval_at_the_ends_only_leaves_the_run_and_its_sampled_accuracy_unchanged(tiny_warm_state):
+    """`train.greedy_eval = "final"` skips greedy decoding between step 0 and the last step; the sampled
+    accuracy has its own generator and training never reads an evaluation, so both are bit for bit the same."""
+    runs = {}
+    for mode in ("every", "final"):
+        cfg = with_overrides(tiny_config("copc", staleness=2, steps=6), {"train.greedy_eval": mode})
+        trainer = Trainer(cfg, tiny_warm_state)
+        runs[mode] = (trainer, trainer.run())
+    every, final = runs["every"][0], runs["final"][0]
+    assert [e["eval/accuracy"] for e in every.evals] == [e["eval/accuracy"] for e in final.evals]
+    assert [h["actor/loss"] for h in every.history] == [h["actor/loss"] for h in final.history]
+    assert [int(e["step"]) for e in final.evals if "eval/accuracy_greedy" in e] == [0, 6]
+    assert all("eval/accuracy_greedy" in e for e in every.evals) and len(every.evals) == 4
+    assert runs["final"][1].final_accuracy_greedy == runs["every"][1].final_accuracy_greedy
+    assert runs["final"][1].auc_accuracy == runs["every"][1].auc_accuracy
