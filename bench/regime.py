@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from copc_core.config import RunConfig, with_overrides
+from copc_core.config import RunConfig, SearchTaskConfig, with_overrides
 
 CRITIC = {"model.separate_critic": True, "train.critic_warmup_steps": 100}  # a candidate may override the steps
 CANDIDATES: dict[str, dict[str, object]] = {
@@ -79,6 +79,26 @@ CANDIDATES: dict[str, dict[str, object]] = {
         "train.minibatches": 2,
     },
 }
+# round 7, the search task (chosen before any search run of the round, from the tool-math rounds): its defaults
+# with the critic of criterion 1, then the tool-math regime's steps (batch 32 in 2 minibatches, lr 1e-4) with
+# the default, a mid and a weak warm start
+SEARCH = "search-"
+CANDIDATES |= {
+    f"{SEARCH}default": {},
+    f"{SEARCH}b32-lr1e-4": {"train.lr": 1e-4, "train.batch_size": 32, "train.minibatches": 2},
+    f"{SEARCH}midwarm-b32-lr1e-4": {
+        "warm_start.frac_correct": 0.3,
+        "train.lr": 1e-4,
+        "train.batch_size": 32,
+        "train.minibatches": 2,
+    },
+    f"{SEARCH}weakwarm-b32-lr1e-4": {
+        "warm_start.frac_correct": 0.15,
+        "train.lr": 1e-4,
+        "train.batch_size": 32,
+        "train.minibatches": 2,
+    },
+}
 
 # the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)
 MIN_GAIN = 0.2
@@ -88,8 +108,10 @@ MIN_WARMUP_EV = 0.3
 
 
 def run_config(candidate: str, seed: int, steps: int) -> RunConfig:
+    """A candidate's k = 0 run: `search-…` candidates start from the search task's defaults."""
+    base = RunConfig(task=SearchTaskConfig()) if candidate.startswith(SEARCH) else RunConfig()
     return with_overrides(
-        RunConfig(),
+        base,
         {"method.name": "sync_ppo", "train.seed": seed, "train.steps": steps, **CRITIC, **CANDIDATES[candidate]},
     )
 
