@@ -125,7 +125,11 @@ def test_methods_lists_the_registry(tmp_path):
     for name, row in METHODS.items():  # every row: what it runs (anchor, rule, loss, estimator) and its source
         assert f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}" in out.stdout
         assert f"source: {row.source}" in out.stdout
-    assert "anchor recomputed; ρ ∈ [0.5, 2]" in out.stdout  # copc at its default band
+    # copc at its default band and reading
+    assert (
+        f"copc\n    {METHODS['copc'].description}\n    runs: anchor interpolated (α = k/(k+1)); ρ ∈ [0.5, 2]"
+        in out.stdout
+    )
     for reading in ("behavior", "recomputed", "interpolated"):
         assert f"    {reading} " in out.stdout
 
