@@ -108,6 +108,13 @@ CANDIDATES |= {
         "train.critic_warmup_steps": 300,
     },
 }
+# round 9 (round 8: the faster critic passes criterion 1, and learning then ends by 80-85 versions in one seed):
+# the same critic with smaller, noisier steps (batch 16), or a smaller learning rate (7e-5)
+_CRITIC3 = f"{SEARCH}midwarm-b32-lr1e-4-clr3"
+CANDIDATES |= {
+    f"{SEARCH}midwarm-b16-lr1e-4-clr3": {**CANDIDATES[_CRITIC3], "train.batch_size": 16},
+    f"{SEARCH}midwarm-b32-lr7e-5-clr3": {**CANDIDATES[_CRITIC3], "train.lr": 7e-5},
+}
 
 # the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)
 MIN_GAIN = 0.2
