@@ -589,6 +589,7 @@ def _floats(text: Optional[str], option: str) -> Optional[list[float]]:
 @app.command()
 def analyze(
     method: Optional[str] = typer.Option(None, help="a method with both bands (default copc)"),
+    anchor: Optional[Anchor] = typer.Option(None, help="PPO ratio anchor, a reading of COPC (default: the method's)"),
     tau_policy: Optional[str] = typer.Option(None, help="comma-separated τ_p values, e.g. 1.25,1.5,2,inf"),
     tau_advantage: Optional[str] = typer.Option(None, help="comma-separated τ_a values"),
     staleness: Optional[str] = typer.Option(None, help="comma-separated perturbation sizes ε ≥ 0 of μ"),
@@ -605,6 +606,7 @@ def analyze(
 
     given = {
         "method": method,
+        "anchor": anchor,
         "tau_policy": _floats(tau_policy, "--tau-policy"),
         "tau_advantage": _floats(tau_advantage, "--tau-advantage"),
         "staleness": _floats(staleness, "--staleness"),

@@ -129,6 +129,8 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
         "2",
         "--horizon",
         "3",
+        "--anchor",
+        "recomputed",
         "--out",
         str(out),
     ]
@@ -143,10 +145,18 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     on_policy = [p for p in saved["points"] if p["staleness"] == 0.0]
     assert all(p["bias_norm"] < 1e-13 for p in on_policy)  # exact critic, on-policy: unbiased at every τ
     point = next(p for p in saved["points"] if p["staleness"] == 0.8 and p["tau_policy"] == 2.0)
-    exact = decompose(
-        make_mdp(2, 3, 0), MethodConfig(name="copc", tau_policy=2.0, tau_advantage=point["tau_advantage"]), 0.8, 0.0
-    )
-    assert point["bias_norm"] == pytest.approx(exact["bias_norm"], rel=1e-12)
+    assert point["method"] == "copc[recomputed]" and spec.anchor == "recomputed"
+    reading = {
+        anchor: decompose(
+            make_mdp(2, 3, 0),
+            MethodConfig(name="copc", tau_policy=2.0, tau_advantage=point["tau_advantage"], anchor=anchor),
+            0.8,
+            0.0,
+        )["bias_norm"]
+        for anchor in ("recomputed", None)
+    }
+    assert point["bias_norm"] == pytest.approx(reading["recomputed"], rel=1e-12)
+    assert abs(reading[None] - reading["recomputed"]) > 1e-6  # the option reached the analysis: the default differs
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') == 4 and "∞" in page
 
@@ -160,6 +170,7 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
         (["--vocab", "8", "--horizon", "6"], "at most 5000"),
         (["--staleness", "0.5,0.5"], "distinct"),
         (["--batch-size", "0"], "batch_size"),
+        (["--anchor", "proximal"], "proximal"),
     ],
 )
 def test_bad_analysis_arguments_exit_2(tmp_path, args, needle):

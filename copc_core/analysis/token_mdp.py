@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from torch import Tensor
 
 from copc_core.config import MethodConfig
-from copc_core.methods import actor_loss, estimate_advantages, policy_terms
+from copc_core.methods import Anchor, actor_loss, estimate_advantages, policy_terms
 
 DTYPE = torch.float64
 
@@ -260,6 +260,7 @@ class AnalysisSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
     method: str = Field("copc", description="a registered method with both bands (τ_p and τ_a)")
+    anchor: Anchor | None = Field(None, description="the PPO ratio's anchor (a reading of COPC); None: the method's")
     tau_policy: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
     tau_advantage: list[float] = Field([1.1, 1.25, 1.5, 2.0, 3.0, 5.0], min_length=1)
     staleness: list[float] = Field(
@@ -298,7 +299,7 @@ class AnalysisSpec(BaseModel):
         return self
 
     def method_config(self, tau_policy: float, tau_advantage: float) -> MethodConfig:
-        return MethodConfig(name=self.method, tau_policy=tau_policy, tau_advantage=tau_advantage)
+        return MethodConfig(name=self.method, tau_policy=tau_policy, tau_advantage=tau_advantage, anchor=self.anchor)
 
     def points(self) -> list[tuple[float, float, float]]:
         return list(itertools.product(self.staleness, self.tau_policy, self.tau_advantage))
@@ -317,7 +318,7 @@ def grid(spec: AnalysisSpec, on_point: Callable[[int, int], None] | None = None)
         result = decompose(mdp, spec.method_config(tp, ta), eps, spec.critic_error)
         rows.append(
             {
-                "method": spec.method,
+                "method": spec.method if spec.anchor is None else f"{spec.method}[{spec.anchor}]",
                 "staleness": eps,
                 "tau_policy": tp,
                 "tau_advantage": ta,
