@@ -66,6 +66,22 @@ REGIME_SPACE = SweepSpace(
     steps=300,
 )
 
+# The search task's regime (docs/REGIME.md, round 9): the one candidate that met every criterion in every seed,
+# `search-midwarm-b32-lr7e-5-clr3` of bench/regime.py — a mid warm start (30 % correct demonstrations), batches of 32
+# in 2 minibatches, lr 7e-5, a separate critic learning 3× faster, warmed up for 100 steps. The same space as
+# tool-math's: every reading, the ablations and baselines, lags of 0, 16 and 64 optimizer updates, 5 seeds.
+REGIME_SEARCH_OVERRIDES = {
+    "model.separate_critic": True,
+    "train.critic_warmup_steps": 100,
+    "train.critic_lr_scale": 3.0,
+    "warm_start.frac_correct": 0.3,
+    "train.lr": 7e-5,
+    "train.batch_size": 32,
+    "train.minibatches": 2,
+    "train.greedy_eval": "final",
+}
+REGIME_SEARCH_BASE = with_overrides(RunConfig(task=SearchTaskConfig()), REGIME_SEARCH_OVERRIDES)
+
 # `copc sweep` with no arguments: COPC's 2 × 2 (τ_p, τ_a) grid at a lag of 64 optimizer updates, 3 seeds, in the
 # regime; 200 learner steps (≥ 4× the lag; learning at k = 0 is ~90 % done by then). About 8 minutes on 2 cores.
 EMBEDDED_SPACE = SweepSpace(
@@ -82,6 +98,7 @@ PRESETS: dict[str, tuple[SweepSpace, RunConfig]] = {
     # every reading of COPC, every baseline, narrow τ_a bands, 5 seeds, in the regime: grow it with flags
     # (`--methods`, `--seeds`, ...) session by session; the study keeps what is done
     "regime-tool-math": (REGIME_SPACE, REGIME_BASE),
+    "regime-search": (REGIME_SPACE, REGIME_SEARCH_BASE),
 }
 
 

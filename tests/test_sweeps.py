@@ -507,3 +507,24 @@ def test_best_per_level_names_every_tied_cell_and_says_when_all_collapsed():
         "k=0: 0.900 (2 cells tie: copc tp=2 ta=1, copc tp=2 ta=2)",
         "k=4: -0.496 copc tp=2 ta=2 — every run collapsed",
     ]
+
+
+def test_the_regime_presets_are_the_calibrated_candidates():
+    """Each regime preset is the candidate docs/REGIME.md chose, as bench/regime.py ran it at k = 0 (the
+    presets evaluate greedy at the ends only, which leaves every sampled metric the same)."""
+    from bench.regime import run_config
+    from copc_core.config import with_overrides
+    from sweeps.presets import PRESETS
+
+    for preset, candidate in (
+        ("regime-tool-math", "weakwarm-b32-lr1e-4"),
+        ("regime-search", "search-midwarm-b32-lr7e-5-clr3"),
+    ):
+        base = PRESETS[preset][1]
+        as_run = with_overrides(base, {"method.name": "sync_ppo", "train.seed": 1, "train.steps": 300})
+        calibrated = with_overrides(run_config(candidate, 1, 300), {"train.greedy_eval": "final"})
+        assert as_run == calibrated, preset
+    assert (
+        PRESETS["regime-search"][1].task.name == "search"
+        and PRESETS["regime-search"][0] == PRESETS["regime-tool-math"][0]
+    )
