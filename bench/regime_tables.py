@@ -16,8 +16,10 @@ import math
 
 import pandas as pd
 
+from copc_core.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
+from reports.analysis import paired_difference, selection_free_scores
 from reports.claims import claim_tables, has_claims
 from reports.frames import runs_frame
 
@@ -65,14 +67,93 @@ def warnings_table(runs: pd.DataFrame) -> str:
     )
 
 
+def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
+    """Each COPC reading's tuned score (bands chosen on the other seeds) with both channels, with the policy
+    channel only (its τ_a = 1 cells: c ≡ 1 is plain GAE) and, for the default reading, `copc_advantage_only`
+    (the advantage channel only, w = 1, no mask); paired by seed against both channels."""
+    scored = runs[runs["scored"]]
+    readings = sorted(m for m in scored["method"].unique() if m.startswith("copc["))
+    policy_only = scored[scored["method"].isin(readings) & (scored["tau_advantage"] == 1.0)]
+    frame = pd.concat([scored, policy_only.assign(method=policy_only["method"] + " τ_a = 1 only")])
+    families = {m: [m] for m in frame["method"].unique() if m.startswith("copc")}
+    tuned = selection_free_scores(frame.assign(scored=True), families, "final_accuracy")
+    tuned = tuned[tuned["kind"] == "tuned"].set_index(["family", "staleness", "seed"])["score"].sort_index()
+    lines = [
+        "| k | method | tuned final (seeds) | minus both channels of its reading [95 % CI] |",
+        "|---|---|---|---|",
+    ]
+    for (family, k), s in tuned.groupby(level=["family", "staleness"]):
+        s = s.droplevel(["family", "staleness"])
+        reading = family.removesuffix(" τ_a = 1 only") if family.startswith("copc[") else f"copc[{COPC_READING}]"
+        both = tuned.loc[(reading, k)] if (reading, k) in tuned.index.droplevel("seed") else None
+        diff = "—"
+        if both is not None and family != reading:
+            n, mean, low, high = paired_difference(s, both, n_boot)
+            diff = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] ({n})"
+        lines.append(f"| {k} | {family} | {s.mean():.2f} ({len(s)}) | {diff} |")
+    return "\n".join(lines)
+
+
+def confirmation_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
+    """Fresh seeds: every method's final accuracy and AUC, and COPC's default reading minus each, paired by seed."""
+    scored = runs[runs["scored"]]
+    reference = f"copc[{COPC_READING}]"
+    lines = [
+        f"| method (cell) | runs | final | AUC | collapsed | {reference} − it, final [95 % CI] | … AUC [95 % CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_seed = {
+        (m, metric): g.groupby("seed")[metric].mean()
+        for m, g in scored.groupby("method")
+        for metric in ("final_accuracy", "auc_accuracy")
+    }
+    for m, g in scored.groupby("method", sort=True):
+        cell = " ".join(
+            f"{n} {v:g}"
+            for n, v in (("τ_p", g["tau_policy"].iloc[0]), ("τ_a", g["tau_advantage"].iloc[0]))
+            if math.isfinite(v)
+        )
+        diffs = []
+        for metric in ("final_accuracy", "auc_accuracy"):
+            if m == reference or (reference, metric) not in by_seed:
+                diffs.append("—")
+                continue
+            n, mean, low, high = paired_difference(by_seed[reference, metric], by_seed[m, metric], n_boot)
+            diffs.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] ({n})")
+        lines.append(
+            f"| {m}{f' ({cell})' if cell else ''} | {len(g)} | {_ms(g['final_accuracy'])} | {_ms(g['auc_accuracy'])} | "
+            f"{int(g['collapsed'].sum())}/{len(g)} | {diffs[0]} | {diffs[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def _seeds(text: str) -> list[int]:
+    """'0-4' or '0,1,2' → seeds."""
+    if "-" in text:
+        low, high = text.split("-")
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", default="regime-tool-math")
     parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--seeds", type=_seeds, default=None, help="the runs of these seeds only, e.g. 0-4 or 0,1,2")
+    parser.add_argument(
+        "--confirm", type=_seeds, default=None, help="fresh seeds (e.g. 5-9): only the confirmation table of their runs"
+    )
     args = parser.parse_args()
     uri = tracking_uri(data_dir(), args.tracking_uri)
     found = read_sweeps(uri, [args.sweep], [])
     runs = runs_frame(found["trials"], found["experiment_id"], "http://127.0.0.1:5000")
+    if args.confirm is not None:
+        runs = runs[runs["seed"].isin(args.confirm)]
+        print(f"### {args.sweep}, seeds {args.confirm}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
+        print(confirmation_table(runs))
+        return
+    if args.seeds is not None:
+        runs = runs[runs["seed"].isin(args.seeds)]
     print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
     print(validation_table(runs))
     print()
@@ -80,6 +161,8 @@ def main() -> None:
     if has_claims(runs):
         print()
         print(claim_tables(runs))
+        print("\n#### The channels: both, the policy side only, the advantage side only\n")
+        print(channels_table(runs))
 
 
 if __name__ == "__main__":
