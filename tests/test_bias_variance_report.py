@@ -130,7 +130,7 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
         "--horizon",
         "3",
         "--anchor",
-        "recomputed",
+        "interpolated",
         "--out",
         str(out),
     ]
@@ -145,7 +145,7 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     on_policy = [p for p in saved["points"] if p["staleness"] == 0.0]
     assert all(p["bias_norm"] < 1e-13 for p in on_policy)  # exact critic, on-policy: unbiased at every τ
     point = next(p for p in saved["points"] if p["staleness"] == 0.8 and p["tau_policy"] == 2.0)
-    assert point["method"] == "copc[recomputed]" and spec.anchor == "recomputed"
+    assert point["method"] == "copc[interpolated]" and spec.anchor == "interpolated"
     reading = {
         anchor: decompose(
             make_mdp(2, 3, 0),
@@ -153,10 +153,10 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
             0.8,
             0.0,
         )["bias_norm"]
-        for anchor in ("recomputed", None)
+        for anchor in ("interpolated", None)
     }
-    assert point["bias_norm"] == pytest.approx(reading["recomputed"], rel=1e-12)
-    assert abs(reading[None] - reading["recomputed"]) > 1e-6  # the option reached the analysis: the default differs
+    assert point["bias_norm"] == pytest.approx(reading["interpolated"], rel=1e-12)
+    assert abs(reading[None] - reading["interpolated"]) > 1e-6  # the option reached the analysis: the default differs
     page = out.read_text()
     assert page.count('class="plotly-graph-div"') == 4 and "∞" in page
 

@@ -126,10 +126,7 @@ def test_methods_lists_the_registry(tmp_path):
         assert f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}" in out.stdout
         assert f"source: {row.source}" in out.stdout
     # copc at its default band and reading
-    assert (
-        f"copc\n    {METHODS['copc'].description}\n    runs: anchor interpolated (α = k/(k+1)); ρ ∈ [0.5, 2]"
-        in out.stdout
-    )
+    assert f"copc\n    {METHODS['copc'].description}\n    runs: anchor recomputed; ρ ∈ [0.5, 2]" in out.stdout
     for reading in ("behavior", "recomputed", "interpolated"):
         assert f"    {reading} " in out.stdout
 
