@@ -84,7 +84,11 @@ def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
     ]
     for (family, k), s in tuned.groupby(level=["family", "staleness"]):
         s = s.droplevel(["family", "staleness"])
-        reading = family.removesuffix(" τ_a = 1 only") if family.startswith("copc[") else f"copc[{COPC_READING}]"
+        # an ablation is compared with COPC of its own reading: `copc_advantage_only[behavior]` with copc[behavior]
+        tagged = family.removesuffix(" τ_a = 1 only")
+        reading = (
+            tagged if tagged.startswith("copc[") else f"copc[{tagged.partition('[')[2].rstrip(']') or COPC_READING}]"
+        )
         both = tuned.loc[(reading, k)] if (reading, k) in tuned.index.droplevel("seed") else None
         diff = "—"
         if both is not None and family != reading:
