@@ -98,10 +98,9 @@ def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
     return "\n".join(lines)
 
 
-def confirmation_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
-    """Fresh seeds: every method's final accuracy and AUC, and COPC's default reading minus each, paired by seed."""
+def confirmation_table(runs: pd.DataFrame, reference: str, n_boot: int = 2000) -> str:
+    """Fresh seeds: every method's final accuracy and AUC, and `reference` minus each, paired by seed."""
     scored = runs[runs["scored"]]
-    reference = f"copc[{COPC_READING}]"
     lines = [
         f"| method (cell) | runs | final | AUC | collapsed | {reference} − it, final [95 % CI] | … AUC [95 % CI] |",
         "|---|---|---|---|---|---|---|",
@@ -147,6 +146,9 @@ def main() -> None:
     parser.add_argument(
         "--confirm", type=_seeds, default=None, help="fresh seeds (e.g. 5-9): only the confirmation table of their runs"
     )
+    parser.add_argument(
+        "--reference", default=f"copc[{COPC_READING}]", help="the method the confirmation compares with each other one"
+    )
     args = parser.parse_args()
     uri = tracking_uri(data_dir(), args.tracking_uri)
     found = read_sweeps(uri, [args.sweep], [])
@@ -154,7 +156,7 @@ def main() -> None:
     if args.confirm is not None:
         runs = runs[runs["seed"].isin(args.confirm)]
         print(f"### {args.sweep}, seeds {args.confirm}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
-        print(confirmation_table(runs))
+        print(confirmation_table(runs, args.reference))
         return
     if args.seeds is not None:
         runs = runs[runs["seed"].isin(args.seeds)]
