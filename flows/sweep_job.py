@@ -112,7 +112,7 @@ def run_sweep(
         attempted |= {point_key(p) for p in points}
         # a result logged to MLflow whose sweep died before telling Optuna is told now, not trained again
         logged = tracker.logged_trials(parent)
-        hashes = {point_key(p): space.run_config(base, p).config_hash() for p in points}
+        hashes = {point_key(p): (space.run_config(base, p).config_hash(), p["method"]) for p in points}
         recovered = [p for p in points if hashes[point_key(p)] in logged]
         if recovered:
             say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")

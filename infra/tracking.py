@@ -160,8 +160,11 @@ class Tracker:
         )
         return runs[0].info.run_id if runs else None
 
-    def logged_trials(self, parent_id: str) -> dict[str, TrialResult]:
-        """The finished, scored child runs of a sweep's parent, by config hash (summary as logged; no curves)."""
+    def logged_trials(self, parent_id: str) -> dict[tuple[str, str], TrialResult]:
+        """The finished, scored child runs of a sweep's parent, by (config hash, method label) (summary as logged; no
+        curves). The label is part of the key: a config names a method by its registry name, so when a preset's
+        meaning changes (COPC's default reading, which its ablations follow) the hash stays and only a relabelled
+        run (scripts/relabel_trials.py) tells the old result from the new point."""
         from copc_core.results import TrialResult
 
         runs = self.client.search_runs(
@@ -172,9 +175,10 @@ class Tracker:
         out = {}
         for r in runs:
             metrics, tags = r.data.metrics, r.data.tags
-            if "summary/objective" not in metrics or "config_hash" not in tags or tags["config_hash"] in out:
+            key = (tags.get("config_hash"), tags.get("method"))
+            if "summary/objective" not in metrics or "config_hash" not in tags or key in out:
                 continue
-            out[tags["config_hash"]] = TrialResult(
+            out[key] = TrialResult(
                 logged_summary(metrics, tags),
                 runtime=tags.get("runtime", "?"),
                 objective=metrics["summary/objective"],

@@ -528,3 +528,30 @@ def test_the_regime_presets_are_the_calibrated_candidates():
         PRESETS["regime-search"][1].task.name == "search"
         and PRESETS["regime-search"][0] == PRESETS["regime-tool-math"][0]
     )
+
+
+def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(tmp_path, tiny_warm_state, monkeypatch):
+    """A run relabelled because its preset's meaning changed (scripts/relabel_trials.py) keeps its config hash; the
+    recovery of logged-but-untold results must not hand it to the point that now bears the old label."""
+    from copc_core.warmstart import warm_start_key
+    from flows.sweep_job import run_sweep
+    from infra import sweep_runs
+    from infra.checkpoints import save_checkpoint
+    from infra.tracking import Tracker
+
+    base = tiny_config()
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
+    space = tiny_space(tau_advantage=[1.0], staleness=[0])
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
+    parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    point = space.grid()[0]
+    tracker.log_trial(
+        parent, "w", "old", space.run_config(base, point), TrialResult(summary(0.75), objective=0.75), label="copc[old]"
+    )
+    trained = []
+    monkeypatch.setattr(sweep_runs, "_train_trial", None)
+    monkeypatch.setattr(sweep_runs, "run_trials", lambda configs, *a, **k: trained.append(configs) or [])
+    run_sweep(space, "w", base, tmp_path, storage=storage, tracking=tracking)
+    assert len(trained) == 1 and len(trained[0]) == len(space.grid())  # the point is trained, not recovered
