@@ -99,9 +99,10 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
             continue
         config_hash = t["tags"].get("config_hash")
         if config_hash and t["status"] == "FINISHED":
-            if config_hash in seen:
+            key = (config_hash, t["tags"].get("method"))  # a relabelled run of the same config is another point
+            if key in seen:
                 continue
-            seen.add(config_hash)
+            seen.add(key)
         p, m, tags = t["params"], t["metrics"], t["tags"]
         objective = m.get("summary/objective", math.nan)
         method = tags.get("method") or p.get("method.name", "?")  # the method's key in its sweep (a reading too)
