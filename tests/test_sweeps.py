@@ -391,28 +391,35 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in runs}
 
 
+def _one_point_sweep(tmp_path, warm_state):
+    """A one-point sweep "w" with its warm start cached, and its MLflow parent run opened (no trial yet)."""
+    from copc_core.warmstart import warm_start_key
+    from infra.checkpoints import save_checkpoint
+    from infra.tracking import Tracker
+
+    base = tiny_config()
+    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", warm_state)
+    space = tiny_space(tau_advantage=[1.0], staleness=[0])
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
+    parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    return base, space, tracking, storage, tracker, parent
+
+
 def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(
     tmp_path, tiny_warm_state, monkeypatch
 ):
     """The window between logging a trial to MLflow and telling Optuna: a sweep that dies there leaves a
     RUNNING trial and a finished MLflow run; the next sweep tells Optuna that run's result and trains nothing."""
     import sweeps.study as study_mod
-    from copc_core.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra import sweep_runs
-    from infra.checkpoints import save_checkpoint
-    from infra.tracking import Tracker
     from sweeps.study import run_study
 
     monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
     monkeypatch.setattr(study_mod, "GRACE_S", 2)
-    base = tiny_config()
-    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
-    space = tiny_space(tau_advantage=[1.0], staleness=[0])
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
-    parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    base, space, tracking, storage, tracker, parent = _one_point_sweep(tmp_path, tiny_warm_state)
     logged = TrialResult(summary(0.75, peak=0.8, auc=0.6), objective=0.75)
 
     def logs_then_dies(params_list, on_result):
@@ -533,19 +540,10 @@ def test_the_regime_presets_are_the_calibrated_candidates():
 def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(tmp_path, tiny_warm_state, monkeypatch):
     """A run relabelled because its preset's meaning changed (scripts/relabel_trials.py) keeps its config hash; the
     recovery of logged-but-untold results must not hand it to the point that now bears the old label."""
-    from copc_core.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra import sweep_runs
-    from infra.checkpoints import save_checkpoint
-    from infra.tracking import Tracker
 
-    base = tiny_config()
-    save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
-    space = tiny_space(tau_advantage=[1.0], staleness=[0])
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    tracker = Tracker(tracking, artifact_dir=tmp_path / "mlartifacts")
-    parent = tracker.parent_run("w", {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    base, space, tracking, storage, tracker, parent = _one_point_sweep(tmp_path, tiny_warm_state)
     point = space.grid()[0]
     tracker.log_trial(
         parent, "w", "old", space.run_config(base, point), TrialResult(summary(0.75), objective=0.75), label="copc[old]"
