@@ -115,6 +115,12 @@ CANDIDATES |= {
     f"{SEARCH}midwarm-b16-lr1e-4-clr3": {**CANDIDATES[_CRITIC3], "train.batch_size": 16},
     f"{SEARCH}midwarm-b32-lr7e-5-clr3": {**CANDIDATES[_CRITIC3], "train.lr": 7e-5},
 }
+# round 10, tool-math again (rounds 8-9 found the search task's critic lever after tool-math's decision): the
+# tool-math regime with the critic learning 3× faster, and the search regime's settings on tool-math
+CANDIDATES |= {
+    "weakwarm-b32-lr1e-4-clr3": {**CANDIDATES["weakwarm-b32-lr1e-4"], "train.critic_lr_scale": 3.0},
+    "midwarm-b32-lr7e-5-clr3": {**CANDIDATES["midwarm-b32-lr1e-4"], "train.lr": 7e-5, "train.critic_lr_scale": 3.0},
+}
 
 # the criteria of docs/REGIME.md (fixed before any method was compared in a candidate)
 MIN_GAIN = 0.2
