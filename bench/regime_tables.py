@@ -1,6 +1,7 @@
 """The regime's validation and claims tables, from the sweep's runs in MLflow (as the report reads them).
 
-    python -m bench.regime_tables [--sweep regime-tool-math] [--tracking-uri URI]
+    python -m bench.regime_tables [--sweep regime-tool-math] [--tracking-uri URI] [--seeds 0-4]
+                                  [--tau-advantage 1.25,inf]
 
 Per (method, k): runs, final held-out accuracy and area under the curve (mean ± sd over seeds),
 collapses, the realised lag in optimizer updates, and the per-token behavior-ratio distribution
@@ -138,11 +139,25 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
+def cut_grids(runs: pd.DataFrame, tau_advantage: list[float]) -> pd.DataFrame:
+    """The two-channel grids (methods run at several τ_p and several τ_a values) cut to these τ_a values; every
+    other method's runs are kept whatever their bands. To print a slice that was read before more cells ran."""
+    n = runs.groupby("method")[["tau_policy", "tau_advantage"]].transform("nunique")
+    grid = (n["tau_policy"] >= 2) & (n["tau_advantage"] >= 2)
+    return runs[~grid | runs["tau_advantage"].isin(tau_advantage)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", default="regime-tool-math")
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--seeds", type=_seeds, default=None, help="the runs of these seeds only, e.g. 0-4 or 0,1,2")
+    parser.add_argument(
+        "--tau-advantage",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=None,
+        help="cut the two-channel grids to these τ_a values, e.g. 1.25,inf (other methods are kept)",
+    )
     parser.add_argument(
         "--confirm", type=_seeds, default=None, help="fresh seeds (e.g. 5-9): only the confirmation table of their runs"
     )
@@ -160,6 +175,8 @@ def main() -> None:
         return
     if args.seeds is not None:
         runs = runs[runs["seed"].isin(args.seeds)]
+    if args.tau_advantage is not None:
+        runs = cut_grids(runs, args.tau_advantage)
     print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
     print(validation_table(runs))
     print()
