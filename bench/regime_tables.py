@@ -139,12 +139,23 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def cut_grids(runs: pd.DataFrame, tau_advantage: list[float]) -> pd.DataFrame:
-    """The two-channel grids (methods run at several τ_p and several τ_a values) cut to these τ_a values; every
-    other method's runs are kept whatever their bands. To print a slice that was read before more cells ran."""
+def _in_grid(runs: pd.DataFrame) -> pd.Series:
+    """Per run: whether its method is a two-channel grid (run at several τ_p and several τ_a values)."""
     n = runs.groupby("method")[["tau_policy", "tau_advantage"]].transform("nunique")
-    grid = (n["tau_policy"] >= 2) & (n["tau_advantage"] >= 2)
-    return runs[~grid | runs["tau_advantage"].isin(tau_advantage)]
+    return (n["tau_policy"] >= 2) & (n["tau_advantage"] >= 2)
+
+
+def cut_grids(runs: pd.DataFrame, tau_advantage: list[float]) -> pd.DataFrame:
+    """The two-channel grids cut to these τ_a values; every other method's runs are kept whatever their bands.
+    To print a slice that was read before more cells ran."""
+    return runs[~_in_grid(runs) | runs["tau_advantage"].isin(tau_advantage)]
+
+
+def has_grid(runs: pd.DataFrame) -> bool:
+    """Whether the runs hold a two-channel grid: its coupling tables print even without a baseline beside it
+    (a confirmation on fresh seeds may run the grid alone)."""
+    scored = runs[runs["scored"]]
+    return bool(len(scored)) and bool(_in_grid(scored).any())
 
 
 def main() -> None:
@@ -181,7 +192,7 @@ def main() -> None:
     print(validation_table(runs))
     print()
     print(warnings_table(runs))
-    if has_claims(runs):
+    if has_claims(runs) or has_grid(runs):
         print()
         print(claim_tables(runs))
         print("\n#### The channels: both, the policy side only, the advantage side only\n")

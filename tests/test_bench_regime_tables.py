@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from bench.regime_tables import cut_grids
+from bench.regime_tables import cut_grids, has_grid
 
 INF = math.inf
 
@@ -29,3 +29,10 @@ def test_cut_grids_keeps_the_slice_of_two_channel_grids_and_every_other_method()
     assert sorted(cut[cut["method"] == "copc_advantage_only"]["tau_advantage"]) == [1.0, 2.0]
     assert list(cut[cut["method"] == "sync_ppo"]["tau_advantage"]) == [1.0]
     assert len(cut) == 4 + 2 + 1
+
+
+def test_has_grid_sees_a_two_channel_grid_alone_and_not_a_one_band_method():
+    runs = _runs().assign(scored=True)
+    assert has_grid(runs[runs["method"] == "copc"])  # a grid run alone, as a fresh-seed confirmation runs it
+    assert not has_grid(runs[runs["method"] != "copc"])  # one band swept, or none
+    assert not has_grid(runs.assign(scored=False))  # nothing finished
