@@ -21,7 +21,7 @@ from copc_core.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import paired_difference, selection_free_scores
-from reports.claims import claim_tables, has_claims
+from reports.claims import claim_tables, has_claims, roles
 from reports.frames import runs_frame
 
 
@@ -139,23 +139,17 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def _in_grid(runs: pd.DataFrame) -> pd.Series:
-    """Per run: whether its method is a two-channel grid (run at several τ_p and several τ_a values)."""
-    n = runs.groupby("method")[["tau_policy", "tau_advantage"]].transform("nunique")
-    return (n["tau_policy"] >= 2) & (n["tau_advantage"] >= 2)
-
-
 def cut_grids(runs: pd.DataFrame, tau_advantage: list[float]) -> pd.DataFrame:
-    """The two-channel grids cut to these τ_a values; every other method's runs are kept whatever their bands.
-    To print a slice that was read before more cells ran."""
-    return runs[~_in_grid(runs) | runs["tau_advantage"].isin(tau_advantage)]
+    """The two-channel grids (reports.claims.roles) cut to these τ_a values; every other method's runs are kept
+    whatever their bands. To print a slice that was read before more cells ran."""
+    two_channel = runs["method"].isin(roles(runs)[0])
+    return runs[~two_channel | runs["tau_advantage"].isin(tau_advantage)]
 
 
 def has_grid(runs: pd.DataFrame) -> bool:
     """Whether the runs hold a two-channel grid: its coupling tables print even without a baseline beside it
     (a confirmation on fresh seeds may run the grid alone)."""
-    scored = runs[runs["scored"]]
-    return bool(len(scored)) and bool(_in_grid(scored).any())
+    return bool(roles(runs[runs["scored"]])[0])
 
 
 def main() -> None:

@@ -31,7 +31,8 @@ from reports.analysis import (
 )
 
 
-def _roles(runs: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
+def roles(runs: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
+    """The methods of these runs by role: two-channel (a τ_p × τ_a grid), one band, baselines (no band)."""
     two, single, baselines = [], [], []
     for m, g in runs.groupby("method", sort=True):
         tps = g["tau_policy"].nunique()
@@ -43,7 +44,7 @@ def _roles(runs: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
 
 def has_claims(runs: pd.DataFrame) -> bool:
     """A sweep the claims apply to: a two-channel method and at least one other method."""
-    two, single, baselines = _roles(runs[runs["scored"]])
+    two, single, baselines = roles(runs[runs["scored"]])
     return bool(two) and bool(single or baselines)
 
 
@@ -61,7 +62,7 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     """The claims as Markdown tables; a run's score is its final accuracy (no collapse penalty)."""
     runs = runs[runs["scored"]].assign(objective=lambda f: f["final_accuracy"])
     lags = sorted(int(k) for k in runs["staleness"].unique())
-    two, single, baselines = _roles(runs)
+    two, single, baselines = roles(runs)
     cells = cell_stats(runs, n_boot)
     out = []
     for m in two:
