@@ -80,7 +80,7 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
     out.append(f"#### (a) Coupling: does τ_p's effect depend on τ_a? ({method} grid)\n")
     out.append(
         "| k | 2×2 sub-grids | significant interaction | sign reversals | significant reversals | "
-        "interaction share [95 % CI] | p, additive null (seed noise alone) | largest |contrast| [95 % CI] |"
+        "interaction share [95 % CI] | p, additive null (seed noise alone) | largest contrast [95 % CI] |"
     )
     out.append("|---|---|---|---|---|---|---|---|")
     for k in lags:

@@ -148,3 +148,13 @@ def test_selection_free_section_scores_the_chosen_cell_on_the_held_out_seed():
     assert against["copc"][col["tis"]] == "-0.10 [-0.10, -0.10] (3)"
     assert against["copc"][col["baselines (chosen)"]] == "-0.10 [-0.10, -0.10] (3)"
     assert against["copc"][col["async_ppo"]] == "+0.50 [+0.50, +0.50] (3)"
+
+
+def test_every_table_of_the_claims_section_has_as_many_header_cells_as_columns():
+    """A bar inside a header cell (it was "largest |contrast|") splits it: the table no longer renders."""
+    text = claim_tables(pd.DataFrame(constructed_rows()))
+    lines = text.splitlines()
+    separators = [i for i, line in enumerate(lines) if line.startswith("|---")]
+    assert separators
+    for i in separators:
+        assert lines[i - 1].count("|") == lines[i].count("|"), lines[i - 1]
