@@ -112,17 +112,18 @@ def run_sweep(
         attempted |= {point_key(p) for p in points}
         # a result logged to MLflow whose sweep died before telling Optuna is told now, not trained again
         logged = tracker.logged_trials(parent)
-        hashes = {point_key(p): (space.run_config(base, p).config_hash(), p["method"]) for p in points}
-        recovered = [p for p in points if hashes[point_key(p)] in logged]
+        # a point's key in MLflow: (config hash, method label), as Tracker.logged_trials keys its runs
+        keys = {point_key(p): (space.run_config(base, p).config_hash(), p["method"]) for p in points}
+        recovered = [p for p in points if keys[point_key(p)] in logged]
         if recovered:
             say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
 
-            def tell_logged(batch, on_result, logged=logged, hashes=hashes):
+            def tell_logged(batch, on_result, logged=logged, keys=keys):
                 for i, p in enumerate(batch):
-                    on_result(i, logged[hashes[point_key(p)]])
+                    on_result(i, logged[keys[point_key(p)]])
 
             outcomes += run_study(sweep, recovered, tell_logged)
-        fresh = [p for p in points if hashes[point_key(p)] not in logged]
+        fresh = [p for p in points if keys[point_key(p)] not in logged]
         if fresh:
             outcomes += run_study(sweep, fresh, run_points)
         # points another live sweep process holds: wait until each ends, or its process dies (then run it)
