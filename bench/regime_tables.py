@@ -5,7 +5,8 @@
 
 Per (method, k): runs, final held-out accuracy and area under the curve (mean ± sd over seeds),
 collapses, the realised lag in optimizer updates, and the per-token behavior-ratio distribution
-(share of ρ = π_old/μ inside [0.8, 1.25], mean 1 % / 99 % quantiles of log ρ). Then, for collapsed
+(share of ρ = π_old/μ inside [0.8, 1.25], mean 1 % / 99 % quantiles of log ρ); with two or more nonzero
+lags, each baseline's final accuracy between consecutive lags, paired by seed (AReaL's finding). Then, for collapsed
 runs, whether an ESS drop or a grad-norm spike came before the collapse (VCPO's early warnings), and
 the report's claims section (reports/claims.py) when the sweep holds a two-channel grid.
 """
@@ -45,6 +46,37 @@ def validation_table(runs: pd.DataFrame) -> str:
             f"{g['log_ratio_p01_mean'].mean():+.2f} / {g['log_ratio_p99_mean'].mean():+.2f} |"
         )
     return "\n".join(lines)
+
+
+def lag_table(runs: pd.DataFrame) -> str:
+    """AReaL's finding as a number: each one-cell method's final accuracy at the larger lag minus at the smaller one,
+    paired by seed, for each pair of consecutive nonzero lags the runs hold. Empty below two such lags."""
+    scored = runs[runs["scored"]]
+    _, _, baselines = roles(scored)
+    lags = sorted(int(k) for k in scored["staleness"].unique() if k > 0)
+    if len(lags) < 2:
+        return ""
+    lines = []
+    for lo, hi in zip(lags, lags[1:]):
+        lines += [
+            f"| method | final at k = {lo} | final at k = {hi} | k = {hi} − k = {lo}, paired by seed [95 % CI] "
+            f"(seeds) | collapsed at k = {lo} / {hi} |",
+            "|---|---|---|---|---|",
+        ]
+        for method in baselines:
+            g = scored[scored["method"] == method]
+            a, b = g[g["staleness"] == hi], g[g["staleness"] == lo]
+            if a.empty or b.empty:
+                continue
+            n, mean, low, high = paired_difference(
+                a.set_index("seed")["final_accuracy"], b.set_index("seed")["final_accuracy"]
+            )
+            lines.append(
+                f"| {method} | {_ms(b['final_accuracy'])} | {_ms(a['final_accuracy'])} | {mean:+.2f} [{low:+.2f}, "
+                f"{high:+.2f}] ({n}) | {int(b['collapsed'].sum())}/{len(b)} / {int(a['collapsed'].sum())}/{len(a)} |"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def warnings_table(runs: pd.DataFrame) -> str:
@@ -184,6 +216,10 @@ def main() -> None:
         runs = cut_grids(runs, args.tau_advantage)
     print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
     print(validation_table(runs))
+    lags = lag_table(runs)
+    if lags:
+        print("\nThe baselines between lags (final accuracy, the larger lag minus the smaller):\n")
+        print(lags)
     print()
     print(warnings_table(runs))
     if has_claims(runs) or has_grid(runs):

@@ -4,7 +4,8 @@ Methods take roles by their bands in the sweep, never by name: a *two-channel* m
 ≥ 2 τ_p × ≥ 2 τ_a values (COPC and each reading of it), a *single-channel* one varies one band (the
 ablations), a *baseline* has no band. Then:
   (a) coupling: per two-channel method and k, the 2×2 interaction contrasts of its grid with 95 %
-      bootstrap intervals over seeds, significant sign reversals, and the interaction share;
+      bootstrap intervals over seeds, significant sign reversals, the interaction share and its test against
+      an additive grid plus seed noise, with Bonferroni's level over all the grids' tests;
   (b) per k, the best cell of every method, and each two-channel method's best vs the best baseline;
   (c) at the largest k, every method's collapse rate and whether its early warnings came first;
   plus the high-performing region: the share of each banded method's cells within 90 % of the best;
@@ -65,18 +66,24 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     two, single, baselines = roles(runs)
     cells = cell_stats(runs, n_boot)
     out = []
+    nulls = []
     for m in two:
-        out += _coupling_section(runs[runs["method"] == m], cells, m, lags, n_boot)
+        null = additive_null(runs[runs["method"] == m], n_boot)
+        out += _coupling_section(runs[runs["method"] == m], cells, null, m, lags, n_boot)
+        nulls.append(null)
+    if nulls:
+        out += _multiple_testing(pd.concat(nulls, ignore_index=True))
     out += _best_sections(runs, cells, lags, two, single, baselines)
     out += _selection_free_section(runs, lags, two, single, baselines, n_boot)
     return "\n".join(out)
 
 
-def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags: list[int], n_boot: int) -> list[str]:
+def _coupling_section(
+    copc: pd.DataFrame, cells: pd.DataFrame, null: pd.DataFrame, method: str, lags: list[int], n_boot: int
+) -> list[str]:
     out = []
     pairs = coupling(copc, n_boot)
     share = interaction_fraction(copc, n_boot)
-    null = additive_null(copc, n_boot)
     out.append(f"#### (a) Coupling: does τ_p's effect depend on τ_a? ({method} grid)\n")
     out.append(
         "| k | 2×2 sub-grids | significant interaction | sign reversals | significant reversals | "
@@ -121,6 +128,22 @@ def _coupling_section(copc: pd.DataFrame, cells: pd.DataFrame, method: str, lags
             out.append(f"| {tp:g} | " + " | ".join(line) + " |")
         out.append("")
     return out
+
+
+def _multiple_testing(null: pd.DataFrame) -> list[str]:
+    """The additive-null tests of every grid are many: at the 5 % level over all of them (Bonferroni), a p below
+    0.05 alone is a candidate for a confirmation on fresh seeds, not a finding."""
+    if null.empty:
+        return []
+    level = 0.05 / len(null)
+    below = null[null["p_value"] <= level]
+    found = ", ".join(f"{r.method} at k = {r.staleness} (p {r.p_value:.3f})" for r in below.itertuples())
+    return [
+        f"Multiple testing: the coupling tables above hold {len(null)} additive-null test(s), one per two-channel "
+        f"grid and k; at the 5 % level over all of them (Bonferroni) a grid needs p ≤ 0.05 / {len(null)} = "
+        f"{level:.4f}. Below it: {found or 'none'}. A p below 0.05 alone is a candidate for fresh seeds, not a "
+        "finding.\n"
+    ]
 
 
 def _best_sections(

@@ -6,6 +6,7 @@ import math
 import pandas as pd
 
 from copc_core.methods import preset
+from reports.analysis import additive_null
 from reports.claims import claim_tables, has_claims
 from sweeps.presets import CLAIMS_BASELINES, CLAIMS_SPACE, PRESETS
 from sweeps.space import SweepSpace
@@ -158,3 +159,28 @@ def test_every_table_of_the_claims_section_has_as_many_header_cells_as_columns()
     assert separators
     for i in separators:
         assert lines[i - 1].count("|") == lines[i].count("|"), lines[i - 1]
+
+
+def test_the_coupling_tables_end_with_bonferronis_level_over_every_grids_additive_null_test():
+    """Two grids carry a test: COPC's at k = 4 (the reversal: no null draw reaches it, p = 1/2001) and a second
+    two-channel method's additive grid at k = 4 (share 0: p = 1). COPC's flat k = 64 grids have no test. So m = 2, the
+    level is 0.05 / 2 = 0.025, and only COPC at k = 4 is below it."""
+    base = constructed_rows()
+    additive = {
+        (tp, ta): 0.3 + 0.1 * i + 0.05 * j
+        for i, tp in enumerate([1.5, 2.0, 4.0])
+        for j, ta in enumerate([1.0, 2.0, 4.0])
+    }
+    extra = [
+        row("copc[behavior]", tp, ta, 4, seed, additive[tp, ta])
+        for seed in range(3)
+        for tp, ta in itertools.product([1.5, 2.0, 4.0], [1.0, 2.0, 4.0])
+    ]
+    runs = pd.DataFrame(base + extra)
+    null = additive_null(runs[runs["method"] == "copc[behavior]"])
+    assert list(null["staleness"]) == [4] and null["p_value"].iloc[0] == 1.0
+    line = next(x for x in claim_tables(runs).splitlines() if x.startswith("Multiple testing"))
+    assert "hold 2 additive-null test(s)" in line and "0.05 / 2 = 0.0250" in line
+    assert "Below it: copc at k = 4 (p 0.000)." in line
+    one = next(x for x in claim_tables(pd.DataFrame(base)).splitlines() if x.startswith("Multiple testing"))
+    assert "hold 1 additive-null test(s)" in one and "0.05 / 1 = 0.0500" in one
