@@ -22,7 +22,7 @@ from copc_core.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import paired_difference, selection_free_scores
-from reports.claims import claim_tables, has_claims, roles
+from reports.claims import claim_tables, roles
 from reports.frames import runs_frame
 
 
@@ -222,7 +222,7 @@ def main() -> None:
         print(lags)
     print()
     print(warnings_table(runs))
-    if has_claims(runs) or has_grid(runs):
+    if has_grid(runs):  # has_claims(runs) implies it
         print()
         print(claim_tables(runs))
         print("\n#### The channels: both, the policy side only, the advantage side only\n")

@@ -68,8 +68,9 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     out = []
     nulls = []
     for m in two:
-        null = additive_null(runs[runs["method"] == m], n_boot)
-        out += _coupling_section(runs[runs["method"] == m], cells, null, m, lags, n_boot)
+        grid = runs[runs["method"] == m]
+        null = additive_null(grid, n_boot)
+        out += _coupling_section(grid, cells, null, m, lags, n_boot)
         nulls.append(null)
     if nulls:
         out += _multiple_testing(pd.concat(nulls, ignore_index=True))
