@@ -12,6 +12,7 @@ from typing import NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape as rich_escape
 
 from infra.settings import Runtime
 from sweeps.space import Sampler
@@ -436,23 +437,28 @@ def _known_methods() -> list[str]:
     return method_names()
 
 
+def _sweep_presets() -> str:
+    from sweeps.presets import PRESETS
+
+    return " | ".join(PRESETS)
+
+
 @app.command()
 def sweep(
     name: Optional[str] = typer.Option(
         None, help="study / MLflow parent-run name (rerun to resume; default: the preset's name)"
     ),
-    preset: str = typer.Option(
-        "embedded-default",
-        help="sweep preset (space + base config): embedded-default | claims-tool-math | claims-search",
-    ),
+    preset: str = typer.Option("embedded-default", help="sweep preset (space + base config): " + _sweep_presets()),
     task: Optional[str] = typer.Option(None, help="built-in task of the base config: tool_math | search"),
     space_file: Optional[pathlib.Path] = typer.Option(
         None, "--space", help="a SweepSpace JSON file (replaces the preset's space; the flags below override it)"
     ),
     methods: Optional[str] = typer.Option(
         None,
+        # escaped: Rich reads "[behavior]" as a style tag and drops it from the help
         help="methods axis, comma-separated, a reading in brackets: "
-        "copc,copc[behavior],async_ppo,tis (see `copc methods`)",
+        + rich_escape("copc,copc[behavior],async_ppo,tis")
+        + " (see `copc methods`)",
     ),
     tau_policy: Optional[str] = typer.Option(None, help="τ_p values of every method with a τ_p, e.g. 1.5,2,4,inf"),
     tau_advantage: Optional[str] = typer.Option(None, help="τ_a values of every method with a τ_a, e.g. 1,1.25,2"),

@@ -157,7 +157,11 @@ def interaction_fraction(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0
         table = np.array([[groups[key].mean() for key in row] for row in keys])
         have = all(reps[key] is not None for row in keys for key in row)
         boot = np.stack([np.stack([reps[key] for key in row], -1) for row in keys], -2) if have else None
-        low, high = _interval(_fraction(boot) if have else None, level)
+        # a replicate whose cells all came out equal (accuracies are discrete) has no share (0/0): the interval
+        # is over the replicates that have one, and undefined only when none has
+        shares = _fraction(boot) if have else np.array([])
+        shares = shares[~np.isnan(shares)]
+        low, high = _interval(shares if len(shares) else None, level)
         rows.append(
             {
                 "method": method,

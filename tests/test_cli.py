@@ -326,6 +326,16 @@ def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_
         assert text in out.stdout, text
 
 
+def test_sweep_help_names_every_preset_and_shows_the_reading_in_brackets(tmp_path):
+    from sweeps.presets import PRESETS
+
+    out = copc("sweep", "--help", data_dir=tmp_path, COLUMNS="250")
+    assert out.returncode == 0, out.stderr
+    for name in PRESETS:
+        assert name in out.stdout, name
+    assert "copc,copc[behavior],async_ppo,tis" in out.stdout
+
+
 def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
     from pydantic import ValidationError
 

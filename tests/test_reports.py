@@ -132,6 +132,23 @@ def test_interaction_fraction_matches_the_closed_form():
     assert (out["fraction_low"] <= expected).all() and (out["fraction_high"] >= expected).all()
 
 
+def test_interaction_share_interval_skips_replicates_whose_cells_all_tie():
+    """Three cells always 0.5, the fourth 0.5 or 0.7 by seed: a bootstrap replicate draws the fourth's mean as
+    0.5 (all cells tie, share 0/0), 0.6 or 0.7. A lone deviation d in one cell of a 2 × 2 table leaves residuals
+    ±d/4 (sum of squares d²/4) out of a total of 3d²/4, so every replicate with a share has 1/3."""
+    records = [
+        trial(f"r{tp}-{ta}-{seed}", tp, ta, 4, seed, 0.7 if (tp, ta, seed) == (4.0, 2.0, 1) else 0.5)
+        for tp in (1.5, 4.0)
+        for ta in (1.0, 2.0)
+        for seed in (0, 1)
+    ]
+    out = analysis.interaction_fraction(frame(records), n_boot=400).iloc[0]
+    assert out["fraction"] == pytest.approx(1 / 3, abs=1e-12)
+    assert out["fraction_low"] == pytest.approx(1 / 3, abs=1e-12) and out["fraction_high"] == pytest.approx(
+        1 / 3, abs=1e-12
+    )
+
+
 def test_additive_effects_show_no_interaction():
     runs = frame(grid_records(lambda i, a, k: 0.4 + 0.1 * i - 0.07 * a, noise=(-0.02, 0.0, 0.02)))
     out = analysis.coupling(runs)
