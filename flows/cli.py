@@ -1,4 +1,4 @@
-"""The `copc` command line: train, methods, hf-tiny, sweep, report, analyze, serve, dashboard, up."""
+"""The `copc` command line: train, methods, hf-tiny, sweep, report, analyze, serve, dashboard, migrate-study, up."""
 
 from __future__ import annotations
 
@@ -727,6 +727,7 @@ def dashboard(
         rdb = optuna.storages.RDBStorage(storage)
     except Exception as err:  # a URL SQLAlchemy cannot open: say so, no traceback
         _fail(f"cannot open Optuna storage {storage!r}: {err}")
+    _warn_older_studies(storage)
     typer.echo(f"optuna-dashboard of {storage} on http://{host}:{port}/ (Ctrl-C stops it)")
     _stoppable()
     try:
@@ -735,6 +736,41 @@ def dashboard(
         typer.echo("copc dashboard: stopped", err=True)
     except OSError as err:
         _fail(f"cannot serve on {host}:{port}: {err}")
+
+
+def _warn_older_studies(storage: str) -> None:
+    """Name the studies an older copc wrote (their pages stay blank in the browser) and how to migrate them."""
+    import optuna
+
+    from sweeps.study import older_format
+
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        problem = older_format(optuna.load_study(study_name=summary.study_name, storage=storage))
+        if problem:
+            typer.secho(f"warning: study {summary.study_name!r} {problem}", fg=typer.colors.YELLOW, err=True)
+
+
+@app.command("migrate-study")
+def migrate_study(
+    name: str = typer.Argument(..., help="the study (sweep) name"),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite under the data folder)"),
+) -> None:
+    """Rewrite a study an older copc wrote (bands as parameters up to ∞, which optuna-dashboard cannot show) in
+    this version's format, in place, keeping every trial; a study already in this format is left as it is."""
+    from infra.settings import data_dir
+    from sweeps.study import StudyFormatError
+    from sweeps.study import migrate_study as migrate
+
+    if storage is None:
+        db = data_dir() / "optuna.db"
+        if not db.is_file():
+            _fail(f"no Optuna storage at {db}: nothing to migrate (or give --storage)")
+        storage = f"sqlite:///{db}"
+    try:
+        count = migrate(name, storage)
+    except StudyFormatError as err:
+        _fail(str(err))
+    typer.echo(f"study {name!r} in {storage}: {count} trial(s), in this version's format")
 
 
 @app.command()

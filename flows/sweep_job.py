@@ -15,8 +15,17 @@ from copc_core.config import RunConfig
 from copc_core.results import TrialResult
 from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
-from sweeps.space import SweepSpace, point_label
-from sweeps.study import HEARTBEAT_S, open_study, pending_points, point_key, run_study, running_elsewhere, trial_point
+from sweeps.space import SweepSpace, objective_name, point_label
+from sweeps.study import (
+    HEARTBEAT_S,
+    name_objective,
+    open_study,
+    pending_points,
+    point_key,
+    run_study,
+    running_elsewhere,
+    trial_point,
+)
 
 log = logging.getLogger("copc.sweep")
 
@@ -63,6 +72,7 @@ def run_sweep(
     for bar in bars:
         bar.close()
     sweep = open_study(name, storage, sampler)
+    name_objective(sweep, objective_name(space))
     study = sweep.study
     points = pending_points(sweep, space)
     total, elsewhere = len(space.grid()), running_elsewhere(sweep, space)

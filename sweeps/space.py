@@ -204,6 +204,11 @@ def objective_value(summary: RunSummary, objective: str, collapse_penalty: float
     return score - (collapse_penalty if summary.collapsed else 0.0)
 
 
+def objective_name(space: SweepSpace) -> str:
+    """The objective in words: `final accuracy − 0.5 if collapsed`."""
+    return f"{space.objective} accuracy − {space.collapse_penalty:g} if collapsed"
+
+
 def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
     """A run's name: `copc tp=2 ta=1 k=4 s=0` (bands the method lacks left out)."""
     bands = "".join(

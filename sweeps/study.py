@@ -8,11 +8,16 @@ sweep process: a second `copc sweep` on the same study leaves it alone and waits
 running only the points nobody is running. Trials asked before heartbeats existed (no `managed`
 mark) are judged dead. Only public Optuna API is used.
 
-A trial's parameters are the point's numbers with static distributions (the bands on [1, ∞], staleness
-and seed as integers), so that a study can grow (more seeds, more lags, more methods) between sessions;
-the method, a string, is the user attribute `method`. A band the method does not have is not a
-parameter of its trials (Optuna's conditional parameters). Each told trial also carries its run's
-final / peak accuracy, collapse and collapse step as user attributes.
+A trial's parameters are the point's numbers, so that a study can grow (more seeds, more lags, more
+methods) between sessions: each band as its reciprocal `1/tau_policy`, `1/tau_advantage` in [0, 1] (the
+lower edge of the band [1/τ, τ]; τ = ∞ is 0), staleness and seed as integers. The reciprocal keeps every
+number finite: optuna-dashboard sends parameters and their ranges to the browser as JSON, and a browser's
+`JSON.parse` refuses `Infinity` (the study page stayed blank). Each trial's distribution spans the values
+its batch of points takes, so the dashboard's axes span the sweep, not [0, 1024]. The method, a string,
+is the user attribute `method`; the exact bands are the user attributes `tau_policy` / `tau_advantage`
+(text: `1.5`, `inf`). A band the method does not have is not a parameter of its trials (Optuna's
+conditional parameters). Each told trial also carries its run's final / peak accuracy, collapse and
+collapse step as user attributes.
 """
 
 from __future__ import annotations
@@ -32,12 +37,8 @@ from sweeps.space import SweepSpace
 FAIL_REASON = "fail_reason"
 METHOD = "method"  # user attribute: the point's method (its key in the sweep space)
 MANAGED = "heartbeat_managed"  # user attribute of every trial whose liveness the storage's heartbeat tells
-DISTRIBUTIONS = {
-    "tau_policy": optuna.distributions.FloatDistribution(1.0, float("inf")),
-    "tau_advantage": optuna.distributions.FloatDistribution(1.0, float("inf")),
-    "staleness": optuna.distributions.IntDistribution(0, 1024),
-    "seed": optuna.distributions.IntDistribution(0, 2**31 - 1),
-}
+BANDS = ("tau_policy", "tau_advantage")
+INTEGERS = ("staleness", "seed")
 HEARTBEAT_S = 5  # a live sweep records each running trial's heartbeat this often
 GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone
 
@@ -81,21 +82,109 @@ def open_study(name: str, storage: str, sampler: str = "grid") -> SweepStudy:
     study = optuna.create_study(
         study_name=name, storage=rdb, direction="maximize", load_if_exists=True, sampler=samplers[sampler]()
     )
-    old = [
+    problem = older_format(study)
+    if problem:
+        raise StudyFormatError(f"study {name!r} in {storage} {problem}")
+    return SweepStudy(study, rdb)
+
+
+def name_objective(sweep: SweepStudy, name: str) -> None:
+    """The objective's name where optuna-dashboard shows it (in place of "Objective 0")."""
+    with warnings.catch_warnings():  # "experimental" in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sweep.study.set_metric_names([name])
+
+
+def older_format(study: optuna.Study) -> str | None:
+    """Why this version cannot grow `study` (written by an older copc), or None."""
+    trials = study.get_trials(deepcopy=False)
+    categorical = [
         t.number
-        for t in study.get_trials(deepcopy=False)
+        for t in trials
         if any(isinstance(d, optuna.distributions.CategoricalDistribution) for d in t.distributions.values())
     ]
-    if old:
-        raise StudyFormatError(
-            f"study {name!r} in {storage} was written by an older copc (categorical parameters, "
-            f"trials {old[:5]}...): it cannot grow; run this sweep under a new name"
+    if categorical:
+        return (
+            f"was written by an older copc (categorical parameters, trials {categorical[:5]}...): it cannot grow; "
+            "run this sweep under a new name"
         )
-    return SweepStudy(study, rdb)
+    unbounded = [t.number for t in trials if any(b in t.params for b in BANDS)]
+    if unbounded:
+        return (
+            f"was written by an older copc (bands as unbounded parameters up to ∞, trials {unbounded[:5]}..., "
+            "which optuna-dashboard cannot show): migrate it with `copc migrate-study`, or run this sweep under "
+            "a new name; its runs stay in MLflow and the report either way"
+        )
+    return None
 
 
 class StudyFormatError(ValueError):
     """A study whose trials this version cannot extend."""
+
+
+def migrate_study(name: str, storage: str) -> int:
+    """Rewrite study `name` of the older format (bands as parameters up to ∞) in this version's, keeping every
+    trial's state, value, times and attributes; returns how many trials it holds. Optuna cannot rename or edit
+    a finished trial, so the trials are copied under `<name>.migrating`, the old study deleted, the copy
+    copied back under `name`, and the temporary study deleted: a migration stopped midway is finished by
+    running it again (the temporary study is the copy)."""
+    temp = f"{name}.migrating"
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        if not older_format(study):
+            return len(study.get_trials(deepcopy=False))
+        if "categorical" in (older_format(study) or ""):
+            raise StudyFormatError(f"study {name!r} in {storage} {older_format(study)}")
+        old = study.get_trials(deepcopy=False)
+        if any(t.state == optuna.trial.TrialState.RUNNING for t in old):
+            raise StudyFormatError(f"study {name!r} has running trials: stop its sweep, then migrate")
+        trials = _in_this_format(old)
+        if temp in names:
+            optuna.delete_study(study_name=temp, storage=storage)
+        optuna.create_study(study_name=temp, storage=storage, direction="maximize").add_trials(trials)
+        optuna.delete_study(study_name=name, storage=storage)
+    elif temp not in names:
+        raise StudyFormatError(f"no study {name!r} in {storage} (known: {', '.join(sorted(names)) or 'none'})")
+    trials = optuna.load_study(study_name=temp, storage=storage).get_trials(deepcopy=False)
+    optuna.create_study(study_name=name, storage=storage, direction="maximize").add_trials(trials)
+    optuna.delete_study(study_name=temp, storage=storage)
+    return len(trials)
+
+
+def _in_this_format(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Older-format trials (bands as parameters up to ∞) as this version writes them."""
+    points = [
+        {
+            "method": t.user_attrs.get(METHOD, "?"),
+            **{b: t.params.get(b) for b in BANDS},
+            **{k: t.params[k] for k in INTEGERS},
+        }
+        for t in trials
+    ]
+    distributions = study_distributions(points)
+    out = []
+    for t, p in zip(trials, points):
+        params = study_params(p)
+        attrs = dict(t.user_attrs) | {b: str(None if p[b] is None else float(p[b])) for b in BANDS}
+        system = dict(t.system_attrs) | ({"fixed_params": params} if "fixed_params" in t.system_attrs else {})
+        out.append(
+            optuna.trial.FrozenTrial(
+                number=t.number,
+                state=t.state,
+                value=None,
+                values=t.values,
+                datetime_start=t.datetime_start,
+                datetime_complete=t.datetime_complete,
+                params=params,
+                distributions={k: distributions[k] for k in params},
+                user_attrs=attrs,
+                system_attrs=system,
+                intermediate_values=t.intermediate_values,
+                trial_id=t._trial_id,
+            )
+        )
+    return out
 
 
 # Set when a trial is asked, replaced when it is told: a trial that the heartbeat check fails (its process died)
@@ -115,15 +204,36 @@ def point_key(point: dict[str, Any]) -> tuple:
     )
 
 
-def trial_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The point a trial ran (the inverse of how `run_study` asks it)."""
-    p = trial.params
+def study_params(point: dict[str, Any]) -> dict[str, float | int]:
+    """A point's numbers as a trial's parameters: each band as 1/τ (∞ → 0, so every number is finite JSON),
+    staleness and seed as they are; a band the method lacks is no parameter."""
+    bands = {f"1/{b}": 1.0 / float(point[b]) for b in BANDS if point.get(b) is not None}
+    return bands | {k: int(point[k]) for k in INTEGERS}
+
+
+def study_distributions(points: list[dict[str, Any]]) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Each parameter's distribution over the values `points` take (optuna-dashboard draws an axis over the
+    union of the trials' ranges; Optuna lets a float or int range differ between trials, never its kind)."""
+    values: dict[str, list] = {}
+    for p in points:
+        for k, v in study_params(p).items():
+            values.setdefault(k, []).append(v)
     return {
-        "method": trial.user_attrs.get(METHOD, "?"),
-        "tau_policy": p.get("tau_policy"),
-        "tau_advantage": p.get("tau_advantage"),
-        "staleness": p.get("staleness"),
-        "seed": p.get("seed"),
+        k: optuna.distributions.IntDistribution(min(vs), max(vs))
+        if k in INTEGERS
+        else optuna.distributions.FloatDistribution(min(vs), max(vs))
+        for k, vs in values.items()
+    }
+
+
+def trial_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The point a trial ran (the inverse of how `run_study` asks it): the exact bands from the user attributes."""
+    attrs = trial.user_attrs
+    return {
+        "method": attrs.get(METHOD, "?"),
+        **{b: None if attrs.get(b) in (None, "None") else float(attrs[b]) for b in BANDS},
+        "staleness": trial.params.get("staleness"),
+        "seed": trial.params.get("seed"),
     }
 
 
@@ -200,15 +310,18 @@ def run_study(
     out: list[TrialOutcome | None] = [None] * len(points)
     with _Heartbeats(sweep) as beats:
         trials = []
+        distributions = study_distributions(points)
         for p in points:
-            numbers = {k: p[k] for k in DISTRIBUTIONS if p.get(k) is not None}
+            numbers = study_params(p)
             study.enqueue_trial(numbers, skip_if_exists=False)
             with warnings.catch_warnings():  # this module records the heartbeats itself (ask/tell, not optimize)
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-                trial = study.ask({k: DISTRIBUTIONS[k] for k in numbers})
+                trial = study.ask({k: distributions[k] for k in numbers})
             trial_id = sweep.trial_id(trial.number)
             sweep.storage.record_heartbeat(trial_id)  # live from the first moment
             trial.set_user_attr(METHOD, p["method"])
+            for band in BANDS:  # exact, as text: a number user attribute of ∞ would reach the browser as Infinity
+                trial.set_user_attr(band, str(None if p.get(band) is None else float(p[band])))
             trial.set_user_attr(MANAGED, True)
             trial.set_user_attr(FAIL_REASON, STALE_REASON)
             with beats.lock:

@@ -48,3 +48,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"vllm test: {reason}"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the tests of what a person sees (tests/browser.py), one per test module."""
+    import shutil
+
+    from tests.browser import chromium
+
+    driver, profile = chromium()
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)

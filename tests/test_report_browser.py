@@ -6,55 +6,16 @@ missing browser is a failure.
 
 import os
 import pathlib
-import shutil
-import tempfile
 
 import pytest
 
 from reports.html import render
+from tests.browser import require_chromium
 from tests.test_reports import sample_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and DRIVER):
-    if os.environ.get("CI"):
-        raise RuntimeError("CI needs Debian's chromium and chromium-driver (installed by .ci/run)")
-    pytest.skip(
-        "no chromium/chromedriver on this machine (apt-get install chromium chromium-driver)", allow_module_level=True
-    )
-
+require_chromium()
 pytestmark = pytest.mark.slow
 NAME = "<script>window.__pwned=1</script>"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="copc-chromium-")
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    driver.set_page_load_timeout(120)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):

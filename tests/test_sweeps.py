@@ -1,5 +1,6 @@
 """Sweeps on a real Optuna SQLite storage and a real MLflow SQLite store (no mocks)."""
 
+import json
 import math
 import pathlib
 
@@ -11,7 +12,17 @@ from pydantic import ValidationError
 from copc_core.results import TrialResult
 from copc_core.stability import RunSummary
 from sweeps.space import SweepSpace, objective_value
-from sweeps.study import DISTRIBUTIONS, FAIL_REASON, MANAGED, open_study, pending_points, run_study, running_elsewhere
+from sweeps.study import (
+    FAIL_REASON,
+    MANAGED,
+    open_study,
+    pending_points,
+    run_study,
+    running_elsewhere,
+    study_distributions,
+    study_params,
+    trial_point,
+)
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -135,14 +146,20 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
     assert all("worker exploded" in t.user_attrs[FAIL_REASON] for t in study.trials if t.state.name == "FAIL")
     assert all(t.user_attrs[MANAGED] and t.user_attrs["method"] == "copc" for t in study.trials)
     # the run's outcome is on the trial, for optuna-dashboard and load_study users
-    done = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.params["tau_advantage"])
+    done = sorted(
+        (t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: trial_point(t)["tau_advantage"]
+    )
     assert [
         (t.value, t.user_attrs["final_accuracy"], t.user_attrs["collapsed"], t.user_attrs["collapse_step"])
         for t in done
     ] == [(0.25, 0.5, False, None), (0.25, 0.5, True, 2)]
     # a trial left RUNNING by a version without heartbeats: nobody runs it; marked FAIL, its point rerun
-    study.enqueue_trial({"tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0})
-    study.ask(DISTRIBUTIONS)
+    point = {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0}
+    study.enqueue_trial(study_params(point))
+    unmanaged = study.ask(study_distributions([point]))
+    for band in ("tau_policy", "tau_advantage"):
+        unmanaged.set_user_attr(band, str(point[band]))
+    unmanaged.set_user_attr("method", "copc")
     again = open_study("s", storage)
     pending = pending_points(again, space)
     assert sorted(p["tau_advantage"] for p in pending) == [1.0, 2.0] and all(p["staleness"] == 1 for p in pending)
@@ -553,3 +570,97 @@ def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(t
     monkeypatch.setattr(sweep_runs, "run_trials", lambda configs, *a, **k: trained.append(configs) or [])
     run_sweep(space, "w", base, tmp_path, storage=storage, tracking=tracking)
     assert len(trained) == 1 and len(trained[0]) == len(space.grid())  # the point is trained, not recovered
+
+
+def _dashboard_json(storage: str, name: str) -> str:
+    """The study page's data as optuna-dashboard serves it, as strict JSON (what a browser's JSON.parse reads)."""
+    from optuna_dashboard._serializer import serialize_study_detail
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    space = sorted({(k, d) for t in trials for k, d in t.distributions.items()}, key=lambda x: x[0])
+    detail = serialize_study_detail(
+        study._storage.get_all_studies()[0], study.best_trials, trials, space, space, [], False, {}, []
+    )
+    return json.dumps(detail, allow_nan=False)  # raises on Infinity / NaN
+
+
+def test_a_band_of_infinity_reaches_the_dashboard_as_finite_json_and_the_point_round_trips_exactly(tmp_path):
+    """The study page of optuna-dashboard stayed blank: a band's FloatDistribution(1, inf) went out as
+    `"high": Infinity`, which a browser's JSON.parse refuses (Python's json reads it, so an API test passed)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = SweepSpace(
+        methods=[{"name": "copc", "tau_policy": [1.5, 4.0, float("inf")], "tau_advantage": [1.0, 1.25]}, "tis"],
+        staleness=[0, 32],
+        seeds=[0, 7],
+        steps=2,
+    )
+    sweep = open_study("inf", storage)
+    run_study(
+        sweep,
+        pending_points(sweep, space),
+        lambda ps, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(ps))],
+    )
+    assert pending_points(open_study("inf", storage), space) == []  # every point found again: exact round trip
+    trials = sweep.study.get_trials(deepcopy=False)
+    assert sorted(map(json.dumps, (trial_point(t) for t in trials))) == sorted(map(json.dumps, space.grid()))
+    text = _dashboard_json(storage, "inf")
+    copc = [t for t in trials if t.user_attrs["method"] == "copc"]
+    # 1/τ: ∞ is 0, 4 is 0.25, 1.5 is 2/3; the distribution spans the sweep's values, not [1, ∞]
+    assert sorted({t.params["1/tau_policy"] for t in copc}) == [0.0, 0.25, 1 / 1.5]
+    assert {(d.low, d.high) for t in copc for k, d in t.distributions.items() if k == "1/tau_policy"} == {
+        (0.0, 1 / 1.5)
+    }
+    assert {(d.low, d.high) for t in trials for k, d in t.distributions.items() if k == "staleness"} == {(0, 32)}
+    assert '"value": "inf"' in text or '"value":"inf"' in text  # the exact band, as text, in the trial's attributes
+
+
+def _older_study(storage: str, name: str) -> None:
+    """A study as copc wrote it before bands were reciprocals: parameters on [1, ∞], bands not in the attributes."""
+    old = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    bands = optuna.distributions.FloatDistribution(1.0, float("inf"))
+    numbers = {"staleness": optuna.distributions.IntDistribution(0, 1024)}
+    numbers["seed"] = optuna.distributions.IntDistribution(0, 2**31 - 1)
+    for tp, value in ((float("inf"), 0.75), (2.0, 0.25)):
+        old.enqueue_trial({"tau_policy": tp, "tau_advantage": 1.0, "staleness": 4, "seed": 0})
+        trial = old.ask({"tau_policy": bands, "tau_advantage": bands, **numbers})
+        trial.set_user_attr("method", "copc")
+        trial.set_user_attr("final_accuracy", value)
+        old.tell(trial, value)
+    trial = old.ask(numbers)  # a baseline that failed
+    trial.set_user_attr("method", "tis")
+    old.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def test_a_study_with_unbounded_bands_is_refused_then_migrated_in_place_keeping_every_trial(tmp_path):
+    from sweeps.study import StudyFormatError, migrate_study
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _older_study(storage, "old")
+    with pytest.raises(StudyFormatError, match="older copc.*unbounded.*copc migrate-study"):
+        open_study("old", storage)
+    with pytest.raises(ValueError, match="Infinity|Out of range"):
+        _dashboard_json(storage, "old")  # what the browser could not read
+    assert migrate_study("old", storage) == 3
+    sweep = open_study("old", storage)  # now this version's format
+    trials = sweep.study.get_trials(deepcopy=False)
+    assert [(t.number, t.state.name, t.value) for t in trials] == [
+        (0, "COMPLETE", 0.75),
+        (1, "COMPLETE", 0.25),
+        (2, "FAIL", None),
+    ]
+    assert [trial_point(t) for t in trials[:2]] == [
+        {"method": "copc", "tau_policy": float("inf"), "tau_advantage": 1.0, "staleness": 4, "seed": 0},
+        {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 4, "seed": 0},
+    ]
+    assert trials[0].user_attrs["final_accuracy"] == 0.75 and trials[2].user_attrs["method"] == "tis"
+    space = SweepSpace(
+        methods=[{"name": "copc", "tau_policy": [2.0, float("inf")], "tau_advantage": [1.0]}],
+        staleness=[4],
+        seeds=[0, 1],
+        steps=2,
+    )
+    assert [(p["tau_policy"], p["seed"]) for p in pending_points(sweep, space)] == [(2.0, 1), (float("inf"), 1)]
+    _dashboard_json(storage, "old")  # strict JSON now
+    assert migrate_study("old", storage) == 3  # a second migration changes nothing
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["old"]
