@@ -146,15 +146,46 @@ def _summary(
     return pd.DataFrame(rows)
 
 
+@dataclass
+class _Tables:
+    """The analyses a report's sections read, computed once."""
+
+    cells: pd.DataFrame
+    coupling: pd.DataFrame
+    inter: pd.DataFrame
+    region: pd.DataFrame
+    methods: pd.DataFrame
+    times: pd.DataFrame
+
+
 def render(data: ReportData, plotly_src: str | None = None) -> str:
-    runs, curves = data.runs, data.curves
+    """The report page: its sections top to bottom, each a function of the data and the analyses."""
+    runs = data.runs
     cells = analysis.cell_stats(runs, data.n_boot)
-    coupling = analysis.coupling(runs, data.n_boot)
-    inter = analysis.interaction_fraction(runs, data.n_boot)
-    region = analysis.high_performing_region(cells)
-    methods = analysis.method_comparison(runs, cells)
-    times = analysis.step_times(runs, data.baseline)
-    summary = _summary(runs, cells, region, inter, coupling)
+    t = _Tables(
+        cells=cells,
+        coupling=analysis.coupling(runs, data.n_boot),
+        inter=analysis.interaction_fraction(runs, data.n_boot),
+        region=analysis.high_performing_region(cells),
+        methods=analysis.method_comparison(runs, cells),
+        times=analysis.step_times(runs, data.baseline),
+    )
+    sections = (
+        _header,
+        _summary_section,
+        _best_section,
+        _claims_section,
+        _grid_sections,
+        _every_run_section,
+        _methods_section,
+        _curves_section,
+        _step_time_section,
+        _all_runs_section,
+    )
+    return page(data.title, [part for section in sections for part in section(data, t)], plotly_src)
+
+
+def _header(data: ReportData, t: _Tables) -> list[str]:
     esc = html.escape
     parts = [
         f"<h1>{esc(data.title)}</h1>",
@@ -168,10 +199,15 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
             + ", ".join(_link(url, name) for name, url in data.parent_links)
             + "</p>"
         )
-    parts += [
+    return parts
+
+
+def _summary_section(data: ReportData, t: _Tables) -> list[str]:
+    esc = html.escape
+    return [
         "<h2>Summary</h2>",
         table(
-            summary,
+            _summary(data.runs, t.cells, t.region, t.inter, t.coupling),
             [
                 ("method", "method", lambda r: esc(r["method"])),
                 ("staleness", "k", None),
@@ -191,104 +227,116 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         "model in τ_p and τ_a cannot explain (0 = no coupling). Intervals: percentile bootstrap over seeds "
         f"({data.n_boot} replicates); cells with one seed have none.</p>",
     ]
-    if not cells.empty:
-        parts += [
-            "<h2>Best per staleness level</h2>",
-            table(
-                _best_per_level(cells),
-                [
-                    ("staleness", "k", None),
-                    (
-                        "best",
-                        "best cell over every method: seed-mean objective (ties all named)",
-                        lambda r: (
-                            esc(r["best"])
-                            + (' <b class="bad">(every run at this k collapsed)</b>' if r["all_collapsed"] else "")
-                        ),
+
+
+def _best_section(data: ReportData, t: _Tables) -> list[str]:
+    if t.cells.empty:
+        return []
+    return [
+        "<h2>Best per staleness level</h2>",
+        table(
+            _best_per_level(t.cells),
+            [
+                ("staleness", "k", None),
+                (
+                    "best",
+                    "best cell over every method: seed-mean objective (ties all named)",
+                    lambda r: (
+                        html.escape(r["best"])
+                        + (' <b class="bad">(every run at this k collapsed)</b>' if r["all_collapsed"] else "")
                     ),
-                ],
-                "best-per-k",
-            ),
-        ]
-    if has_claims(runs):
-        parts += [
-            "<h2>The paper's claims</h2>",
-            markdown_html(claim_tables(runs, data.n_boot)),
-            '<p class="note">Methods take roles by their bands in the sweep: two-channel (a grid of ≥ 2 τ_p × ≥ 2 '
-            "τ_a), single-channel (one band varied), baseline (no band). Scores here are final held-out accuracy; "
-            "collapse is counted apart. Intervals: percentile bootstrap over seeds.</p>",
-        ]
+                ),
+            ],
+            "best-per-k",
+        ),
+    ]
+
+
+def _claims_section(data: ReportData, t: _Tables) -> list[str]:
+    if not has_claims(data.runs):
+        return []
+    return [
+        "<h2>The paper's claims</h2>",
+        markdown_html(claim_tables(data.runs, data.n_boot)),
+        '<p class="note">Methods take roles by their bands in the sweep: two-channel (a grid of ≥ 2 τ_p × ≥ 2 '
+        "τ_a), single-channel (one band varied), baseline (no band). Scores here are final held-out accuracy; "
+        "collapse is counted apart. Intervals: percentile bootstrap over seeds.</p>",
+    ]
+
+
+def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
+    """The interaction heatmaps, the coupling analysis and the high-performing region."""
+    if t.cells.empty:
+        return ['<p class="bad">No trial finished training: nothing to plot.</p>']
     gridded = [
         m
-        for m, g in cells.groupby("method", sort=True)
+        for m, g in t.cells.groupby("method", sort=True)
         if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1
     ]
-    if cells.empty:
-        parts.append('<p class="bad">No trial finished training: nothing to plot.</p>')
-    else:
-        parts.append("<h2>Interaction heatmaps</h2>")
-        if not gridded:
-            parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
-        for i, method in enumerate(gridded):
-            parts.append(figure_div(figures.heatmaps(cells, method), f"heatmap-{i}"))
-            parts.append(figure_div(figures.interaction_lines(cells, method), f"interaction-{i}"))
-        parts.append("<h2>Coupling analysis</h2>")
-        if coupling.empty:
-            parts.append('<p class="note">Needs at least two τ_p and two τ_a levels at one staleness level.</p>')
-        else:
-            parts.append(figure_div(figures.contrasts(coupling), "contrasts"))
-            parts.append(
-                table(
-                    coupling,
-                    [
-                        ("method", "method", lambda r: esc(r["method"])),
-                        ("staleness", "k", None),
-                        ("tau_policy_from", "τ_p from", None),
-                        ("tau_policy_to", "τ_p to", None),
-                        ("tau_advantage_a", "τ_a = a", None),
-                        ("tau_advantage_b", "τ_a = b", None),
-                        (
-                            "effect_a",
-                            "effect at a",
-                            lambda r: f"{r['effect_a']:+.3f} [{num(r['effect_a_low'])}, {num(r['effect_a_high'])}]",
-                        ),
-                        (
-                            "effect_b",
-                            "effect at b",
-                            lambda r: f"{r['effect_b']:+.3f} [{num(r['effect_b_low'])}, {num(r['effect_b_high'])}]",
-                        ),
-                        (
-                            "contrast",
-                            "contrast",
-                            lambda r: f"{r['contrast']:+.3f} [{num(r['contrast_low'])}, {num(r['contrast_high'])}]",
-                        ),
-                        (
-                            "reversal",
-                            "reversal",
-                            lambda r: (
-                                '<b class="bad">significant</b>'
-                                if r["significant_reversal"]
-                                else ("point estimate" if r["reversal"] else "no")
-                            ),
-                        ),
-                    ],
-                    "coupling",
-                )
-            )
-        parts += ["<h2>High-performing region</h2>", figure_div(figures.region_bars(region), "region")]
-    if runs["scored"].any():
-        parts += [
-            "<h2>Every run, objective first</h2>",
-            figure_div(figures.parallel_coordinates(runs), "parallel"),
-            '<p class="note">One line per scored run; drag along an axis to keep only the runs in that range '
-            "(the same view as MLflow's parallel coordinates, with the objective as the first axis).</p>",
-        ]
-    parts += [
+    parts = ["<h2>Interaction heatmaps</h2>"]
+    if not gridded:
+        parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
+    for i, method in enumerate(gridded):
+        parts.append(figure_div(figures.heatmaps(t.cells, method), f"heatmap-{i}"))
+        parts.append(figure_div(figures.interaction_lines(t.cells, method), f"interaction-{i}"))
+    parts += ["<h2>Coupling analysis</h2>", *_coupling(t.coupling)]
+    return parts + ["<h2>High-performing region</h2>", figure_div(figures.region_bars(t.region), "region")]
+
+
+def _coupling(coupling: pd.DataFrame) -> list[str]:
+    if coupling.empty:
+        return ['<p class="note">Needs at least two τ_p and two τ_a levels at one staleness level.</p>']
+
+    def effect(name: str) -> Callable[[Any], str]:
+        return lambda r: f"{r[name]:+.3f} [{num(r[name + '_low'])}, {num(r[name + '_high'])}]"
+
+    return [
+        figure_div(figures.contrasts(coupling), "contrasts"),
+        table(
+            coupling,
+            [
+                ("method", "method", lambda r: html.escape(r["method"])),
+                ("staleness", "k", None),
+                ("tau_policy_from", "τ_p from", None),
+                ("tau_policy_to", "τ_p to", None),
+                ("tau_advantage_a", "τ_a = a", None),
+                ("tau_advantage_b", "τ_a = b", None),
+                ("effect_a", "effect at a", effect("effect_a")),
+                ("effect_b", "effect at b", effect("effect_b")),
+                ("contrast", "contrast", effect("contrast")),
+                (
+                    "reversal",
+                    "reversal",
+                    lambda r: (
+                        '<b class="bad">significant</b>'
+                        if r["significant_reversal"]
+                        else ("point estimate" if r["reversal"] else "no")
+                    ),
+                ),
+            ],
+            "coupling",
+        ),
+    ]
+
+
+def _every_run_section(data: ReportData, t: _Tables) -> list[str]:
+    if not data.runs["scored"].any():
+        return []
+    return [
+        "<h2>Every run, objective first</h2>",
+        figure_div(figures.parallel_coordinates(data.runs), "parallel"),
+        '<p class="note">One line per scored run; drag along an axis to keep only the runs in that range '
+        "(the same view as MLflow's parallel coordinates, with the objective as the first axis).</p>",
+    ]
+
+
+def _methods_section(data: ReportData, t: _Tables) -> list[str]:
+    return [
         "<h2>Method comparison</h2>",
         table(
-            methods,
+            t.methods,
             [
-                ("method", "method", lambda r: esc(r["method"])),
+                ("method", "method", lambda r: html.escape(r["method"])),
                 ("staleness", "k", None),
                 ("n_runs", "runs", None),
                 ("final_mean", "final acc (all)", None),
@@ -303,21 +351,29 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
             "methods",
         ),
     ]
-    if not curves.empty:
-        parts += [
-            "<h2>Learning curves</h2>",
-            figure_div(figures.learning_curves(runs, curves), "curves"),
-            '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
-            "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
-            'rule on the training reward of every step gives the "train collapse" column: it sees falls '
-            "between two evaluations that the held-out rule cannot.</p>",
-            "<h2>Stability diagnostics</h2>",
-            figure_div(figures.diagnostics(runs, curves), "diagnostics"),
-        ]
-    parts += [
+
+
+def _curves_section(data: ReportData, t: _Tables) -> list[str]:
+    if data.curves.empty:
+        return []
+    return [
+        "<h2>Learning curves</h2>",
+        figure_div(figures.learning_curves(data.runs, data.curves), "curves"),
+        '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
+        "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
+        'rule on the training reward of every step gives the "train collapse" column: it sees falls '
+        "between two evaluations that the held-out rule cannot.</p>",
+        "<h2>Stability diagnostics</h2>",
+        figure_div(figures.diagnostics(data.runs, data.curves), "diagnostics"),
+    ]
+
+
+def _step_time_section(data: ReportData, t: _Tables) -> list[str]:
+    esc = html.escape
+    parts = [
         "<h2>Step time</h2>",
         table(
-            times,
+            t.times,
             [
                 ("method", "method", lambda r: esc(r["method"])),
                 ("staleness", "k", None),
@@ -336,12 +392,17 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
         f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>",
     ]
-    if not times.empty:
-        parts.append(figure_div(figures.step_time_bars(times), "step-time"))
-    parts += [
+    if not t.times.empty:
+        parts.append(figure_div(figures.step_time_bars(t.times), "step-time"))
+    return parts
+
+
+def _all_runs_section(data: ReportData, t: _Tables) -> list[str]:
+    esc = html.escape
+    return [
         "<h2>All runs</h2>",
         table(
-            runs,
+            data.runs,
             [
                 ("run_name", "run (MLflow)", lambda r: _link(r["url"], r["run_name"] or r["run_id"])),
                 ("sweep", "sweep", lambda r: esc(r["sweep"])),
@@ -379,7 +440,6 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
             "runs",
         ),
     ]
-    return page(data.title, parts, plotly_src)
 
 
 PLOTLY_FILE = "plotly.min.js"  # the one copy beside the reports of a folder (no network needed)
