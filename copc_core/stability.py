@@ -3,8 +3,10 @@
 A run is *collapsed* when its held-out accuracy (evaluated every `eval_every` steps) falls more than
 50 % below its running peak and stays there for the rest of the run, or on a non-finite loss or
 gradient. The same rule on the training reward of every step (`reward/mean`, the batch's mean
-outcome reward) gives `collapse_step_train`: it sees rise-and-fall episodes shorter than the
-evaluation interval, and is reported beside the held-out verdict, never instead of it. Early
+outcome reward) gives `collapse_step_train` (`sustained_collapse_step`: on a trailing mean of 5 steps,
+and only a fall that lasts 5 steps or more, since one low batch at the end of a run is noise): it sees
+rise-and-fall episodes shorter than the evaluation interval, and is reported beside the held-out
+verdict, never instead of it. Early
 warnings: an ESS drop (below half its running median) and a grad-norm spike (above 5× its
 running median).
 """
@@ -35,6 +37,18 @@ def collapse_step(steps: list[int], accuracy: list[float], drop: float = 0.5) ->
             break
         first = i
     return None if first is None else steps[first]
+
+
+TRAIN_WINDOW = 5  # steps: the training reward's trailing mean, and the shortest fall called a collapse
+
+
+def sustained_collapse_step(steps: list[int], values: list[float], window: int = TRAIN_WINDOW) -> int | None:
+    """`collapse_step` on the trailing mean of `window` values, kept only when at least `window` values lie in the
+    collapsed tail: a batch's mean reward is noisy, and one or two low batches at the end of a run are not a
+    collapse (the plain rule flagged steps 19 and 20 of 20-step runs that had not collapsed)."""
+    smooth = [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+    at = collapse_step(steps, smooth)
+    return at if at is not None and len(steps) - steps.index(at) >= window else None
 
 
 def spikes(values: list[float], factor: float, warmup: int = 5) -> list[int]:
@@ -110,7 +124,7 @@ def summarise(
         return sum(vals) / len(vals) if vals else 0.0
 
     rewarded = [h for h in history if "reward/mean" in h]
-    train_collapse = collapse_step([int(h["step"]) for h in rewarded], [h["reward/mean"] for h in rewarded])
+    train_collapse = sustained_collapse_step([int(h["step"]) for h in rewarded], [h["reward/mean"] for h in rewarded])
     kl = [h["policy/kl_step"] for h in history if "policy/kl_step" in h]
 
     ess = [h["correction/ess"] for h in history]

@@ -52,6 +52,15 @@ def _all_replicates(groups: dict[tuple, np.ndarray], n_boot: int, seed: int) -> 
     return {key: _replicates(values, n_boot, rng) for key, values in sorted(groups.items())}
 
 
+def method_bands(runs: pd.DataFrame) -> dict[str, tuple[bool, bool]]:
+    """Per method, whether it has a τ_p and a τ_a band (the runs' columns read ∞ for a band a method lacks,
+    and for a band of ∞ it runs at: labels tell them apart by this)."""
+    return {
+        m: (bool(g["has_tau_policy"].any()), bool(g["has_tau_advantage"].any()))
+        for m, g in runs.groupby("method", sort=True)
+    }
+
+
 def cell_stats(runs: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
     scored = runs[runs["scored"]]
     if scored.empty:

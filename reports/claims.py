@@ -27,9 +27,11 @@ from reports.analysis import (
     cell_stats,
     coupling,
     interaction_fraction,
+    method_bands,
     paired_difference,
     selection_free_scores,
 )
+from reports.figures import tau
 
 
 def roles(runs: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
@@ -53,10 +55,6 @@ def _ci(row) -> str:
     if math.isnan(row["ci_low"]):
         return f"{row['mean']:.2f}"
     return f"{row['mean']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
-
-
-def _band(v: float) -> str:
-    return "—" if math.isinf(v) else f"{v:g}"
 
 
 def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
@@ -155,6 +153,7 @@ def _best_sections(
     out.append("| method | " + " | ".join(f"k={k}" for k in lags) + " |")
     out.append("|---|" + "---|" * len(lags))
     best: dict[tuple, dict] = {}
+    has = method_bands(runs)
     for m in methods:
         line = []
         for k in lags:
@@ -165,9 +164,9 @@ def _best_sections(
             b = g.loc[g["mean"].idxmax()]
             best[m, k] = b
             bands = ", ".join(
-                f"{n} {_band(b[c])}"
-                for n, c in (("τ_p", "tau_policy"), ("τ_a", "tau_advantage"))
-                if not math.isinf(b[c])
+                f"{n} {tau(b[c])}"
+                for n, c, h in (("τ_p", "tau_policy", has[m][0]), ("τ_a", "tau_advantage", has[m][1]))
+                if h
             )
             line.append(f"{_ci(b)}; {b['collapse_rate']:.0%}" + (f" ({bands})" if bands else ""))
         out.append(f"| {m} | " + " | ".join(line) + " |")

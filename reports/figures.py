@@ -41,15 +41,21 @@ def _colors(cells: list[tuple]) -> dict[tuple, str]:
     return {c: _PALETTE[i % len(_PALETTE)] for i, c in enumerate(sorted(set(cells)))}
 
 
-def run_cell(r: Any) -> tuple[str, float, float]:
-    """A run's (method, τ_p, τ_a) cell: its colour and legend entry in the figures across staleness panels."""
-    return (r.method, r.tau_policy, r.tau_advantage)
+def band_text(tp: float, ta: float, has: tuple[bool, bool], sep: str = " ") -> str:
+    """A cell's bands as text, `τp=∞ τa=2`: a band the method has is written even at ∞ (no mask, no clip);
+    one it lacks (its column reads ∞ too) is left out."""
+    return sep.join(f"{n}={tau(v)}" for n, v, h in (("τp", tp, has[0]), ("τa", ta, has[1])) if h)
 
 
-def cell_name(cell: tuple[str, float, float]) -> str:
-    method, tp, ta = cell
-    bands = " ".join(f"{n}={tau(v)}" for n, v in (("τp", tp), ("τa", ta)) if not math.isinf(v))
-    return html.escape(f"{method} {bands}".strip())
+def run_cell(r: Any) -> tuple[str, float, float, bool, bool]:
+    """A run's (method, τ_p, τ_a) cell and the bands its method has: its colour and legend entry in the figures
+    across staleness panels."""
+    return (r.method, r.tau_policy, r.tau_advantage, r.has_tau_policy, r.has_tau_advantage)
+
+
+def cell_name(cell: tuple[str, float, float, bool, bool]) -> str:
+    method, tp, ta, *has = cell
+    return html.escape(f"{method} {band_text(tp, ta, tuple(has))}".strip())
 
 
 def tau_grid(

@@ -116,8 +116,14 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
                 "method": f"{method} (bounded η)" if bounded else method,
                 "runtime": tags.get("runtime", "?"),
                 # the bands in effect, as logged (older runs: the config's, which may be None for a method's default)
-                "tau_policy": _band(tags.get("tau_policy", p.get("method.tau_policy"))),
-                "tau_advantage": _band(tags.get("tau_advantage", p.get("method.tau_advantage"))),
+                **{
+                    column: _band(tags.get(column, p.get(f"method.{column}")))
+                    for column in ("tau_policy", "tau_advantage")
+                },
+                **{
+                    f"has_{column}": tags.get(column, p.get(f"method.{column}")) not in (None, "None")
+                    for column in ("tau_policy", "tau_advantage")
+                },
                 "staleness": _int(p.get("train.eta" if bounded else "train.staleness")),
                 "seed": _int(p.get("train.seed")),
                 "scored": bool(math.isfinite(objective)),

@@ -83,17 +83,15 @@ def _link(url: str, text: str) -> str:
     return f'<a href="{html.escape(url, quote=True)}">{html.escape(text)}</a>'
 
 
-def best_cells(cells: pd.DataFrame) -> str:
-    """The best cell(s) of some cells by seed-mean objective: every tied cell named."""
+def best_cells(cells: pd.DataFrame, bands: dict[str, tuple[bool, bool]]) -> str:
+    """The best cell(s) of some cells by seed-mean objective: every tied cell named, with the bands its method has
+    (`bands`: analysis.method_bands)."""
     if cells.empty:
         return "—"
     return analysis.best_with_ties(
         [
             (
-                " ".join(
-                    [r.method]
-                    + [f"{n}={tau(v)}" for n, v in (("τp", r.tau_policy), ("τa", r.tau_advantage)) if not math.isinf(v)]
-                ),
+                f"{r.method} {figures.band_text(r.tau_policy, r.tau_advantage, bands[r.method])}".strip(),
                 float(r.mean),
             )
             for r in cells.itertuples()
@@ -101,9 +99,9 @@ def best_cells(cells: pd.DataFrame) -> str:
     )
 
 
-def _best_per_level(cells: pd.DataFrame) -> pd.DataFrame:
+def _best_per_level(cells: pd.DataFrame, bands: dict[str, tuple[bool, bool]]) -> pd.DataFrame:
     rows = [
-        {"staleness": k, "best": best_cells(g), "all_collapsed": bool((g["collapse_rate"] >= 1.0).all())}
+        {"staleness": k, "best": best_cells(g, bands), "all_collapsed": bool((g["collapse_rate"] >= 1.0).all())}
         for k, g in cells.groupby("staleness", sort=True)
     ]
     return pd.DataFrame(rows, columns=["staleness", "best", "all_collapsed"])
@@ -126,7 +124,7 @@ def _summary(
                 "runs": len(g),
                 "failed": int((~g["scored"]).sum()),
                 "collapsed": int(scored["collapsed"].sum()),
-                "best": best_cells(mine),
+                "best": best_cells(mine, analysis.method_bands(runs)),
                 "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
                 "interaction": (
                     f"{itr.iloc[0].fraction:.2f} "
@@ -235,7 +233,7 @@ def _best_section(data: ReportData, t: _Tables) -> list[str]:
     return [
         "<h2>Best per staleness level</h2>",
         table(
-            _best_per_level(t.cells),
+            _best_per_level(t.cells, analysis.method_bands(data.runs)),
             [
                 ("staleness", "k", None),
                 (

@@ -26,6 +26,8 @@ RUNS = {
     "runtime": "str",
     "tau_policy": "float",
     "tau_advantage": "float",
+    "has_tau_policy": "bool",  # the method has that band (a band it lacks reads as ∞ in the column beside)
+    "has_tau_advantage": "bool",
     "staleness": "int",
     "seed": "int",
     "scored": "bool",  # the run finished training and has an objective

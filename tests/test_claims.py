@@ -20,6 +20,8 @@ def row(method, tp, ta, k, seed, acc, collapsed=False, collapse_step=None, ess=(
         "method": method,
         "tau_policy": band(tp),
         "tau_advantage": band(ta),
+        "has_tau_policy": tp is not None,
+        "has_tau_advantage": ta is not None,
         "staleness": k,
         "seed": seed,
         "scored": True,

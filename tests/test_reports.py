@@ -498,3 +498,24 @@ def test_additive_null_is_calibrated_and_sees_a_real_interaction():
     bilinear = 0.6 + effect + 0.2 * np.arange(2)[:, None, None] * np.arange(6)[None, :, None] / 5
     out = analysis.additive_null(_bare(bilinear + rng.normal(0, 0.01, (2, 6, 5))), n_null=400)
     assert out["p_value"].item() == pytest.approx(1 / 401) and out["fraction"].item() > 20 * out["null_median"].item()
+
+
+def test_a_band_of_infinity_is_named_and_a_band_the_method_lacks_is_not():
+    """A τ_p = ∞ cell read `copc τa=2` (τ_p dropped) in the summary, the best-per-k table and the legend: the
+    frames read ∞ both for that band and for a band a method lacks, and the labels dropped every ∞."""
+    from reports.html import best_cells
+
+    records = [trial(f"c{s}", INF, 2.0, 32, s, 0.7) for s in range(2)]
+    records += [trial(f"d{s}", 1.5, 2.0, 32, s, 0.6) for s in range(2)]
+    records += [trial(f"t{s}", None, None, 32, s, 0.5, method="tis", run_name=f"tis s={s}") for s in range(2)]
+    runs = frame(records)
+    bands = analysis.method_bands(runs)
+    assert bands == {"copc": (True, True), "tis": (False, False)}
+    assert runs["tau_policy"].tolist() == [1.5, 1.5, INF, INF, INF, INF]  # tis's missing band reads ∞ too
+    cells = analysis.cell_stats(runs, 50)
+    assert best_cells(cells, bands) == "0.700 copc τp=∞ τa=2"
+    assert best_cells(cells[cells["method"] == "tis"], bands) == "0.500 tis"
+    names = {figures.cell_name(figures.run_cell(r)) for r in runs.itertuples()}
+    assert names == {"copc τp=∞ τa=2", "copc τp=1.5 τa=2", "tis"}
+    page = render(ReportData(title="t", runs=runs, curves=curves_frame(records), n_boot=50))
+    assert "copc τp=∞ τa=2" in page and "copc τa=2" not in page

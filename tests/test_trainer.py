@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from copc_core.config import with_overrides
-from copc_core.stability import area_under_curve, collapse_step, drops, spikes
+from copc_core.stability import area_under_curve, collapse_step, drops, spikes, sustained_collapse_step
 from copc_core.trainer import BoundedStalenessNeedsRayError, Trainer, behavior_version
 from tests.conftest import tiny_config
 
@@ -156,7 +156,7 @@ def test_training_reward_collapse_is_reported_beside_the_held_out_one(tiny_warm_
     tr = Trainer(tiny_config(steps=4), tiny_warm_state)
     s = tr.run()
     rewards = [h["reward/mean"] for h in tr.history]
-    assert s.collapse_step_train == collapse_step([int(h["step"]) for h in tr.history], rewards)
+    assert s.collapse_step_train == sustained_collapse_step([int(h["step"]) for h in tr.history], rewards)
     assert s.kl_step_mean == pytest.approx(sum(h["policy/kl_step"] for h in tr.history) / 4)
     assert s.staleness_updates_mean == 0.0
 
@@ -171,6 +171,21 @@ def test_collapse_rule():
     assert collapse_step(steps, [0.3, 0.8, 0.9, 0.46, 0.45]) is None  # exactly half is not "more than 50 %"
     assert collapse_step(steps, [0.3, 0.8, 0.9, 0.44, 0.44]) == 30
     assert collapse_step(steps, [0.0] * 5) is None
+
+
+def test_the_training_reward_rule_smooths_over_five_steps_and_needs_a_fall_that_lasts():
+    """The plain rule on a batch's mean reward flagged steps 19 and 20 of 20-step runs that had not collapsed."""
+    steps = list(range(1, 21))
+    noisy = [0.2, 0.4, 0.3, 0.5] + [0.3, 0.4] * 7 + [0.2, 0.2]
+    assert collapse_step(steps, noisy) == 19  # the plain rule: 0.2 < 0.5 × 0.5 for the last two batches
+    assert sustained_collapse_step(steps, noisy) is None  # its 5-step means: 0.30–0.38 from step 4 on, never < 0.19
+    # a real fall at step 11: the 5-step means read 0.8, 0.64, 0.48, 0.32 (< 0.4 = half the peak) from step 13 on
+    assert sustained_collapse_step(steps, [0.8] * 10 + [0.0] * 10) == 13
+    # the same fall at step 17 crosses at step 19: two steps of tail, shorter than the window
+    assert collapse_step(steps, [0.8] * 16 + [0.0] * 4) == 17
+    assert sustained_collapse_step(steps, [0.8] * 16 + [0.0] * 4) is None
+    assert sustained_collapse_step(steps, [0.8] * 14 + [0.0] * 6) is None  # crossing at 17: a tail of 4 steps
+    assert sustained_collapse_step(steps, [0.8] * 13 + [0.0] * 7) == 16  # crossing at 16: a tail of 5 steps
 
 
 def test_warnings_and_auc():
