@@ -260,6 +260,9 @@ def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
             rollout_s=("mean_rollout_s", "mean"),
             train_s=("mean_train_s", "mean"),
             step_s=("mean_step_s", "mean"),
+            rollout_s_sd=("mean_rollout_s", "std"),
+            train_s_sd=("mean_train_s", "std"),
+            step_s_sd=("mean_step_s", "std"),
         )
         .reset_index()
     )
@@ -278,9 +281,9 @@ def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
 # ---------------------------------------------------------------- claims free of selection
 
 
-def cell_label(method: str, tau_policy: float, tau_advantage: float) -> str:
-    """'copc τ_p 1.5 τ_a 2' (an infinite band, i.e. none, is left out)."""
-    bands = [f"{name} {v:g}" for name, v in (("τ_p", tau_policy), ("τ_a", tau_advantage)) if math.isfinite(v)]
+def cell_label(method: str, tau_policy: float, tau_advantage: float, has: tuple[bool, bool]) -> str:
+    """'copc τ_p 1.5 τ_a 2', 'copc τ_p inf τ_a 2'; a band the method lacks (`has`: method_bands) is left out."""
+    bands = [f"{name} {v:g}" for name, v, h in (("τ_p", tau_policy, has[0]), ("τ_a", tau_advantage, has[1])) if h]
     return " ".join([method, *bands])
 
 
@@ -299,7 +302,10 @@ def selection_free_scores(runs: pd.DataFrame, families: dict[str, list[str]], sc
     for family, methods in families.items():
         mine = scored[scored["method"].isin(methods)]
         for k, g in mine.groupby("staleness", sort=True):
-            labels = [cell_label(m, tp, ta) for m, tp, ta in zip(g["method"], g["tau_policy"], g["tau_advantage"])]
+            has = method_bands(g)
+            labels = [
+                cell_label(m, tp, ta, has[m]) for m, tp, ta in zip(g["method"], g["tau_policy"], g["tau_advantage"])
+            ]
             table = g.assign(cell=labels).pivot_table(index="seed", columns="cell", values=score, aggfunc="mean")
             table = table.reindex(sorted(table.columns), axis=1)
             base = {"family": family, "staleness": int(k)}

@@ -216,10 +216,23 @@ def render(records: list[dict], spec: dict, title: str = "COPC exact bias/varian
             ],
             "optimum-moves",
         ),
-        figure_div(optimum_lines(opt), "optimum-lines"),
+        figure_div(
+            optimum_lines(opt),
+            "optimum-lines",
+            "One panel per metric, one line per perturbation size ε: the τ_p that minimises the metric at each τ_a. "
+            "A flat line: the best τ_p does not depend on τ_a; a sloped one: the two bands must be tuned together.",
+        ),
     ]
     for metric, label in METRICS:
-        parts += [f"<h2>{esc(label)}</h2>", figure_div(heatmaps(bv, opt, metric, label), f"bv-{metric}")]
+        parts += [
+            f"<h2>{esc(label)}</h2>",
+            figure_div(
+                heatmaps(bv, opt, metric, label),
+                f"bv-{metric}",
+                f"Each square is the exact {esc(label)} at one (τ_p, τ_a), one panel per ε, on one log10 colour scale "
+                "for all panels; ○ marks the best τ_p in each τ_a column, ★ the best cell of the panel.",
+            ),
+        ]
     parts += [
         "<h2>All points</h2>",
         table(

@@ -33,10 +33,6 @@ def tau(x: float) -> str:
     return "∞" if math.isinf(x) else f"{x:g}"
 
 
-def _cell_label(tp: float, ta: float) -> str:
-    return f"τp={tau(tp)} τa={tau(ta)}"
-
-
 def _colors(cells: list[tuple]) -> dict[tuple, str]:
     return {c: _PALETTE[i % len(_PALETTE)] for i, c in enumerate(sorted(set(cells)))}
 
@@ -140,6 +136,18 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     return fig
 
 
+MIN_SPAN = 0.2  # the interaction plot's y-axis spans at least this much objective: a 0.004 gap must look small
+
+
+def span_at_least(cells: pd.DataFrame, span: float) -> list[float]:
+    """A y-range over the cells' means and intervals, widened about its middle to at least `span` (plotly's own
+    range fits the data, so a 0.004 difference filled the plot beside a heatmap that showed it flat)."""
+    values = pd.concat([cells["mean"], cells["ci_low"], cells["ci_high"]]).dropna()
+    lo, hi = float(values.min()), float(values.max())
+    pad = max(span - (hi - lo), 0.0) / 2 + 0.02 * max(hi - lo, span)
+    return [lo - pad, hi + pad]
+
+
 def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
     """Objective against τ_p, one line per τ_a, per staleness level, with the bootstrap 95 % interval
     of the seed mean: non-parallel (crossing) lines are the coupling."""
@@ -173,7 +181,7 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
                 col=col,
             )
         fig.update_xaxes(title_text="τ_p", type="category", row=1, col=col)
-    fig.update_yaxes(title_text="objective", row=1, col=1)
+    fig.update_yaxes(title_text="objective", range=span_at_least(mine, MIN_SPAN), row=1, col=1)
     fig.update_layout(
         title=f"{html.escape(method)}: interaction plot (lines cross ⇔ τ_p's effect depends on τ_a)",
         height=380,
@@ -372,11 +380,12 @@ def diagnostics(runs: pd.DataFrame, curves: pd.DataFrame) -> go.Figure:
 
 
 def step_time_bars(times: pd.DataFrame) -> go.Figure:
-    """Mean rollout / learner / whole-step seconds per (method, k, runtime)."""
+    """Mean rollout / learner / whole-step seconds per (method, k, runtime), ± sd over its runs."""
     labels = [f"{html.escape(r.method)} k={r.staleness}<br>{html.escape(r.runtime)}" for r in times.itertuples()]
     fig = go.Figure()
     for column, name in (("rollout_s", "rollout"), ("train_s", "learner"), ("step_s", "whole step")):
-        fig.add_trace(go.Bar(x=labels, y=times[column].tolist(), name=name))
+        sd = times[f"{column}_sd"].fillna(0).tolist()  # over the runs (seeds, cells) of the bar; none for one run
+        fig.add_trace(go.Bar(x=labels, y=times[column].tolist(), name=name, error_y={"type": "data", "array": sd}))
     fig.update_layout(
         title="Step-time breakdown (mean seconds per learner step)", barmode="group", yaxis_title="seconds", height=380
     )

@@ -18,8 +18,11 @@ from reports.claims import claim_tables, has_claims
 from reports.figures import tau
 
 _STYLE = """
+*,*::before,*::after{box-sizing:border-box}
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;
 padding:0 16px}
+.table-wrap{overflow-x:auto;max-width:100%}.caption{color:#444;font-size:0.9em;max-width:1000px;margin:2px 0 16px}
+.missing{color:#b00;border:1px dashed #b00;padding:12px}#runs td:first-child{white-space:nowrap}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;margin:8px 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -60,22 +63,25 @@ def table(frame: pd.DataFrame, columns: list[tuple[str, str, Callable[[Any], str
         cells = []
         for i, (col, _, fmt) in enumerate(columns):
             text = fmt(row) if fmt else num(row[col])
-            cells.append(f'<td class="l">{text}</td>' if i == 0 or fmt else f"<td>{text}</td>")
+            left = i == 0 or (fmt is not None and frame[col].dtype.kind not in "fiu")  # numbers align right
+            cells.append(f'<td class="l">{text}</td>' if left else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
         body = [f'<tr><td class="l" colspan="{len(columns)}">none</td></tr>']
     return (
-        f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        f'<div class="table-wrap"><table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
 
-def figure_div(fig: go.Figure, div_id: str) -> str:
+def figure_div(fig: go.Figure, div_id: str, caption: str) -> str:
+    """A figure and, under it, one sentence (HTML, written here, not user text) on how to read it."""
     return (
         '<div class="figure">'
         + fig.to_html(
             full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
         )
-        + "</div>"
+        + f'<p class="caption">{caption}</p></div>'
     )
 
 
@@ -142,6 +148,30 @@ def _summary(
             }
         )
     return pd.DataFrame(rows)
+
+
+HOW_TO_READ = {  # one sentence under each figure
+    "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective on one fixed "
+    "scale for every report (−1 red to 1 green; a collapse costs the penalty), its text the mean ± sd over n seeds "
+    "and the runs that collapsed; the outlined square is the best cell at that k.",
+    "interaction": "Each line is one τ_a: its points are the seed means at each τ_p with their 95 % bootstrap "
+    "intervals (none with one seed). Parallel lines mean the two bands act independently; lines that cross mean the "
+    f"best τ_p depends on τ_a (coupling). The y-axis spans at least {figures.MIN_SPAN:g}, so a gap smaller than the "
+    "seed noise does not fill the plot.",
+    "contrasts": "Each row is one 2 × 2 sub-grid: how much τ_p's effect changes between two values of τ_a, with its "
+    "95 % interval. An interval clear of 0 is evidence of coupling; red: τ_p's effect changes sign, significantly.",
+    "region": "The share of each method's (τ_p, τ_a) cells whose seed-mean objective is within 90 % of its best cell "
+    "at that k: a tall bar is a method that is easy to tune.",
+    "parallel": "One line per scored run; drag along an axis to keep only the runs in that range (the same view as "
+    "MLflow's parallel coordinates, with the objective as the first axis).",
+    "curves": "One line per run, coloured by its cell: solid, held-out accuracy at each evaluation; dotted, the "
+    "training reward of every step; ✕ where the run collapsed. Click a legend entry to hide a cell's runs.",
+    "diagnostics": "One line per run. An ESS near 1 and a small masked or clipped fraction mean the stale batches are "
+    "close to on-policy; spikes in the grad norm or the per-step KL warn before accuracy falls; a critic explained "
+    "variance below 0 is worse than predicting the mean return.",
+    "step-time": "Bars: seconds per learner step, averaged over the runs of each method, k and runtime; whiskers: "
+    "the sd over those runs (none for a single run).",
+}
 
 
 @dataclass
@@ -275,10 +305,15 @@ def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
     if not gridded:
         parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
     for i, method in enumerate(gridded):
-        parts.append(figure_div(figures.heatmaps(t.cells, method), f"heatmap-{i}"))
-        parts.append(figure_div(figures.interaction_lines(t.cells, method), f"interaction-{i}"))
+        parts.append(figure_div(figures.heatmaps(t.cells, method), f"heatmap-{i}", HOW_TO_READ["heatmap"]))
+        parts.append(
+            figure_div(figures.interaction_lines(t.cells, method), f"interaction-{i}", HOW_TO_READ["interaction"])
+        )
     parts += ["<h2>Coupling analysis</h2>", *_coupling(t.coupling)]
-    return parts + ["<h2>High-performing region</h2>", figure_div(figures.region_bars(t.region), "region")]
+    return parts + [
+        "<h2>High-performing region</h2>",
+        figure_div(figures.region_bars(t.region), "region", HOW_TO_READ["region"]),
+    ]
 
 
 def _coupling(coupling: pd.DataFrame) -> list[str]:
@@ -289,7 +324,7 @@ def _coupling(coupling: pd.DataFrame) -> list[str]:
         return lambda r: f"{r[name]:+.3f} [{num(r[name + '_low'])}, {num(r[name + '_high'])}]"
 
     return [
-        figure_div(figures.contrasts(coupling), "contrasts"),
+        figure_div(figures.contrasts(coupling), "contrasts", HOW_TO_READ["contrasts"]),
         table(
             coupling,
             [
@@ -322,13 +357,16 @@ def _every_run_section(data: ReportData, t: _Tables) -> list[str]:
         return []
     return [
         "<h2>Every run, objective first</h2>",
-        figure_div(figures.parallel_coordinates(data.runs), "parallel"),
-        '<p class="note">One line per scored run; drag along an axis to keep only the runs in that range '
-        "(the same view as MLflow's parallel coordinates, with the objective as the first axis).</p>",
+        figure_div(figures.parallel_coordinates(data.runs), "parallel", HOW_TO_READ["parallel"]),
     ]
 
 
 def _methods_section(data: ReportData, t: _Tables) -> list[str]:
+    has = analysis.method_bands(data.runs)
+
+    def band(column: str, i: int) -> Callable[[Any], str]:  # a band the method lacks is no number
+        return lambda r: num(r[column]) if has.get(r["method"], (True, True))[i] else "—"
+
     return [
         "<h2>Method comparison</h2>",
         table(
@@ -340,8 +378,8 @@ def _methods_section(data: ReportData, t: _Tables) -> list[str]:
                 ("final_mean", "final acc (all)", None),
                 ("peak_mean", "peak acc (all)", None),
                 ("collapse_rate", "collapse rate (all)", None),
-                ("best_tau_policy", "best τ_p", None),
-                ("best_tau_advantage", "best τ_a", None),
+                ("best_tau_policy", "best τ_p", band("best_tau_policy", 0)),
+                ("best_tau_advantage", "best τ_a", band("best_tau_advantage", 1)),
                 ("best_final_mean", "final acc (best cell)", None),
                 ("best_peak_mean", "peak acc (best cell)", None),
                 ("best_collapse_rate", "collapse rate (best cell)", None),
@@ -356,13 +394,13 @@ def _curves_section(data: ReportData, t: _Tables) -> list[str]:
         return []
     return [
         "<h2>Learning curves</h2>",
-        figure_div(figures.learning_curves(data.runs, data.curves), "curves"),
+        figure_div(figures.learning_curves(data.runs, data.curves), "curves", HOW_TO_READ["curves"]),
         '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
         "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
         'rule on the training reward of every step gives the "train collapse" column: it sees falls '
         "between two evaluations that the held-out rule cannot.</p>",
         "<h2>Stability diagnostics</h2>",
-        figure_div(figures.diagnostics(data.runs, data.curves), "diagnostics"),
+        figure_div(figures.diagnostics(data.runs, data.curves), "diagnostics", HOW_TO_READ["diagnostics"]),
     ]
 
 
@@ -391,7 +429,7 @@ def _step_time_section(data: ReportData, t: _Tables) -> list[str]:
         f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>",
     ]
     if not t.times.empty:
-        parts.append(figure_div(figures.step_time_bars(t.times), "step-time"))
+        parts.append(figure_div(figures.step_time_bars(t.times), "step-time", HOW_TO_READ["step-time"]))
     return parts
 
 
@@ -406,8 +444,8 @@ def _all_runs_section(data: ReportData, t: _Tables) -> list[str]:
                 ("sweep", "sweep", lambda r: esc(r["sweep"])),
                 ("method", "method", lambda r: esc(r["method"])),
                 ("status", "status", lambda r: esc(r["status"])),
-                ("tau_policy", "τ_p", None),
-                ("tau_advantage", "τ_a", None),
+                ("tau_policy", "τ_p", lambda r: num(r["tau_policy"]) if r["has_tau_policy"] else "—"),
+                ("tau_advantage", "τ_a", lambda r: num(r["tau_advantage"]) if r["has_tau_advantage"] else "—"),
                 ("staleness", "k", None),
                 ("seed", "seed", None),
                 ("objective", "objective", None),
@@ -423,8 +461,8 @@ def _all_runs_section(data: ReportData, t: _Tables) -> list[str]:
                     ),
                 ),
                 ("collapse_step_train", "train collapse", lambda r: num(r["collapse_step_train"], 0)),
-                ("critic_warmup_explained_var", "critic EV after warm-up", None),
-                ("critic_explained_var_first", "critic EV at step 1", None),
+                ("critic_warmup_explained_var", "critic EV after warm-up", _ev("critic_warmup_explained_var")),
+                ("critic_explained_var_first", "critic EV at step 1", _ev("critic_explained_var_first")),
                 (
                     "kl_step_mean",
                     "KL per step",
@@ -437,7 +475,22 @@ def _all_runs_section(data: ReportData, t: _Tables) -> list[str]:
             ],
             "runs",
         ),
+        "<p class=\"note\">Critic EV: the share of the returns' variance the critic's values explain, "
+        "1 − Var(return − value) / Var(return): 1 is a perfect critic, 0 no better than predicting the mean return, "
+        "below 0 (in red) worse than that, as a critic that has not learned yet is. After warm-up: at the last of "
+        "the value-only warm-up steps (— without a warm-up); at step 1: at the first policy update. Train collapse: "
+        "the collapse rule on the training reward's 5-step mean (— when it did not fire).</p>",
     ]
+
+
+def _ev(column: str) -> Callable[[Any], str]:
+    """An explained variance, in red below 0 (worse than predicting the mean)."""
+
+    def cell(r: dict) -> str:
+        text = num(r[column])
+        return f'<span class="bad">{text}</span>' if r[column] < 0 else text
+
+    return cell
 
 
 PLOTLY_FILE = "plotly.min.js"  # the one copy beside the reports of a folder (no network needed)
@@ -460,20 +513,39 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
 """
 
 
+_MISSING = """
+if (typeof Plotly === "undefined") {
+  document.getElementById("plotly-missing").hidden = false;
+  document.querySelectorAll(".plotly-graph-div").forEach(function (d) {
+    d.className += " missing"; d.style.height = "auto";
+    d.textContent = "This figure is not drawn: plotly.js did not load (see the note at the top of the page).";
+  });
+}
+"""
+
+
 def page(title: str, parts: list[str], plotly_src: str | None = None) -> str:
     """The whole document: `title` is escaped here, `parts` are HTML already. plotly.js is loaded from
-    `plotly_src` (a file beside the page) when given, else inlined; tables of class `sortable` sort
-    on a click of their header."""
+    `plotly_src` (a file beside the page) when given, else inlined; when it does not load, the page says so
+    at the top and in every figure's place. Tables of class `sortable` sort on a click of their header."""
     script = (
         f'<script type="text/javascript" src="{html.escape(plotly_src, quote=True)}"></script>'
         if plotly_src
         else f'<script type="text/javascript">{get_plotlyjs()}</script>'
     )
+    missing = (
+        '<p id="plotly-missing" class="missing" hidden>The figures of this report need plotly.js, which it loads '
+        f"from <code>{html.escape(plotly_src or 'the page')}</code> in the same folder. That file is missing or "
+        "blocked, so every figure below is empty: keep the report beside it (<code>copc report</code> writes both "
+        "into the reports folder; the copy in MLflow's <code>report/</code> artifacts has one beside it too).</p>"
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>{script}</head><body>"
+        + missing
         + "\n".join(parts)
-        + f"<script>{_SORT}</script></body></html>\n"
+        + f"<script>{_MISSING}{_SORT}</script></body></html>\n"
     )
 
 

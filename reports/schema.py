@@ -160,6 +160,9 @@ STEP_TIMES = {
     "rollout_s": "float",
     "train_s": "float",
     "step_s": "float",
+    "rollout_s_sd": "float",  # sd over the runs of the row (NaN: one run)
+    "train_s_sd": "float",
+    "step_s_sd": "float",
     "speedup_vs_sync": "float",
     "learner_vs_baseline": "float",
 }

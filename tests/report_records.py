@@ -61,7 +61,9 @@ def trial(
         tags["fail_reason"] = fail_reason
     return {
         "run_id": run_id,
-        "run_name": run_name or f"{method} tp={tp:g} ta={ta:g} k={k} s={seed}",
+        "run_name": run_name
+        or " ".join([method, *(f"{n}={v:g}" for n, v in (("tp", tp), ("ta", ta)) if v is not None)])
+        + f" k={k} s={seed}",
         "status": "FINISHED" if objective is not None else "FAILED",
         "sweep": sweep,
         "params": params,

@@ -195,3 +195,92 @@ def test_the_copc_train_form_in_the_prefect_ui_is_a_preset_and_overrides(browser
         finally:
             serve.terminate()
             serve.wait(timeout=60)
+
+
+def _reading_report(tmp_path):
+    """A sweep as the issue saw it: COPC at τ_p ∈ {1.5, ∞} × τ_a ∈ {1, 2} with cells 0.004 apart, TIS (no band),
+    a critic whose explained variance after warm-up is below 0, long run names; plotly.js beside the page."""
+    from reports.build import write_plotly_beside
+    from reports.frames import curves_frame
+    from reports.html import ReportData
+    from tests.report_records import INF, trial
+    from tests.test_reports import frame
+
+    records = []
+    for s in range(2):
+        for i, (tp, ta) in enumerate([(1.5, 1.0), (1.5, 2.0), (INF, 1.0), (INF, 2.0)]):
+            name = f"copc tp={tp:g} ta={ta:g} k=32 s={s} (a long run name, as a user may give one)"
+            records.append(trial(f"c{i}{s}", tp, ta, 32, s, 0.238 + 0.001 * i + 0.002 * s, run_name=name))
+        records.append(trial(f"t{s}", None, None, 32, s, 0.232, method="tis"))
+    for r in records:
+        r["metrics"] |= {
+            "summary/critic_warmup_explained_var": -3.976,
+            "summary/critic_explained_var_first": 0.196,
+            "summary/kl_step_mean": 0.00097,
+            "summary/ratio_in_band_mean": 0.871,
+        }
+    reason = (  # a Ray error names a log file: a long word a table cannot break
+        "RayTaskError(OSError): ray::_train_trial() failed; see "
+        "/tmp/ray/session_2026-12-06_05-59-31_123456_11316/logs/worker-0f3e9c2a7b.err"
+    )
+    records.append(trial("f", 1.5, 1.0, 32, 2, None, fail_reason=reason))
+    path = tmp_path / "reading.html"
+    plotly = write_plotly_beside(path)
+    path.write_text(render(ReportData(title="t", runs=frame(records), curves=curves_frame(records)), plotly.name))
+    return path, plotly
+
+
+def test_the_report_reads_right_at_1400_px_and_says_when_plotly_js_is_missing(browser, tmp_path):
+    """Point 5 of the issue, as the browser shows it: no sideways overflow at 1,400 px, τ_p = ∞ named, the
+    interaction plot not stretching a 0.004 gap over its height, a sentence under every figure, the critic's
+    explained variance explained, no train collapse invented; and a page without its plotly.min.js says so."""
+    from tests.browser import page_text, screenshot, severe_errors, wait_for
+
+    path, plotly = _reading_report(tmp_path)
+    browser.set_window_size(1400, 1000)
+    browser.get(path.as_uri())
+    figures = wait_for(
+        browser,
+        lambda d: d.execute_script(
+            "const f = Array.from(document.querySelectorAll('.plotly-graph-div'));"
+            "return f.length && f.every(d => d._fullLayout) ? f.length : 0;"
+        ),
+        60,
+        "the figures",
+    )
+    width, client = browser.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert width <= client, f"the page is {width} px wide in a {client} px window"
+    text = page_text(browser)
+    summary = browser.find_element("id", "summary").text
+    assert "copc τp=∞ τa=2" in summary and "copc τa=" not in text, summary
+    low, high = browser.execute_script("return document.getElementById('interaction-0')._fullLayout.yaxis.range")
+    assert high - low >= 0.2, (low, high)  # the cells span 0.238–0.243
+    captions = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.figure')).map(f => [f.querySelectorAll('.plotly-graph-div')"
+        ".length, (f.querySelector('.caption') || {innerText: ''}).innerText])"
+    )
+    assert len(captions) == figures and all(n == 1 and len(c) > 60 for n, c in captions), captions
+    assert "0 no better than predicting the mean return, below 0 (in red) worse than that" in text
+    red = browser.execute_script("return Array.from(document.querySelectorAll('#runs span.bad')).map(s => s.innerText)")
+    assert red == ["-3.976"] * 10
+    runs = browser.find_element("id", "runs")
+    heads = [h.text.replace("\n", " ") for h in runs.find_elements("tag name", "th")]
+    train = heads.index("train collapse")
+    column = browser.execute_script(
+        f"return Array.from(document.querySelectorAll('#runs tbody tr')).map(r => r.cells[{train}].innerText)"
+    )
+    assert column == ["—"] * 11
+    assert severe_errors(browser) == []
+    screenshot(browser, "report.png", tmp_path)
+    # the same page without plotly.min.js beside it: a note at the top and in every figure's place
+    plotly.unlink()
+    browser.get(path.as_uri())
+    note = wait_for(browser, lambda d: d.find_element("id", "plotly-missing").is_displayed(), 30, "the note")
+    assert note and "plotly.js" in browser.find_element("id", "plotly-missing").text
+    unshown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => "
+        "d.innerText.includes('not drawn')).length"
+    )
+    assert unshown == figures

@@ -446,7 +446,7 @@ def test_tuned_score_chooses_each_seeds_cell_on_the_other_seeds():
 
 def test_tuned_score_of_a_family_of_baselines_and_missing_seeds():
     """Baselines chosen among by name; a seed a cell lacks is not scored there, nor averaged untuned."""
-    rows = _seed_rows("tis", {(INF, INF): [0.8, 0.6, 0.7]}) + _seed_rows("vtrace", {(INF, INF): [0.5, 0.9]})
+    rows = _seed_rows("tis", {(None, None): [0.8, 0.6, 0.7]}) + _seed_rows("vtrace", {(None, None): [0.5, 0.9]})
     out = analysis.selection_free_scores(frame(rows), {"baselines": ["tis", "vtrace"]}).set_index(["kind", "seed"])
     # seed 0: others tis 0.65, vtrace 0.9 → vtrace 0.5; seed 1: tis 0.75, vtrace 0.5 → tis 0.6;
     # seed 2: vtrace has no seed 2 → tis 0.7
@@ -507,7 +507,7 @@ def test_a_band_of_infinity_is_named_and_a_band_the_method_lacks_is_not():
 
     records = [trial(f"c{s}", INF, 2.0, 32, s, 0.7) for s in range(2)]
     records += [trial(f"d{s}", 1.5, 2.0, 32, s, 0.6) for s in range(2)]
-    records += [trial(f"t{s}", None, None, 32, s, 0.5, method="tis", run_name=f"tis s={s}") for s in range(2)]
+    records += [trial(f"t{s}", None, None, 32, s, 0.5, method="tis") for s in range(2)]
     runs = frame(records)
     bands = analysis.method_bands(runs)
     assert bands == {"copc": (True, True), "tis": (False, False)}
