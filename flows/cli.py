@@ -533,6 +533,8 @@ def sweep(
         f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
         f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else "")
     )
+    server = "" if result["tracking_uri"].startswith("http") else " (with `copc up` serving this data folder)"
+    typer.echo(f"MLflow: {result['mlflow_url']}{server}")
     typer.echo(f"HTML report: {result['report']}")
 
 

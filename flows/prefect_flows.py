@@ -190,7 +190,6 @@ def copc_sweep(params: SweepParams) -> dict:
     links to the MLflow runs and the report, and build the report."""
     from flows.sweep_job import best_per_level, grid_table, run_sweep, sweep_rows
     from reports.build import mlflow_ui_for
-    from reports.frames import run_url
 
     logger = get_run_logger()
     result = run_sweep(
@@ -219,11 +218,14 @@ def copc_sweep(params: SweepParams) -> dict:
     best = best_per_level(rows, params.space.schedule)
     publish_markdown(
         "copc-sweep",
-        _sweep_markdown(params, result, rows, best, report["path"], ui, experiment, run_url),
+        _sweep_markdown(params, result, rows, best, report["path"], ui, experiment),
         "joint sweep",
     )
+    from infra.tracking import sweep_url
+
     return {
         "parent_run_id": result.parent_run_id,
+        "mlflow_url": sweep_url(ui, experiment, params.name),
         "trials": len(result.outcomes),
         "table": table,
         "report": report["path"],
@@ -235,11 +237,11 @@ def copc_sweep(params: SweepParams) -> dict:
 
 
 def _sweep_markdown(
-    params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str, experiment: str, run_url
+    params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str, experiment: str
 ) -> str:
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
-    from infra.tracking import markdown_table
+    from infra.tracking import markdown_table, run_url, sweep_url
     from sweeps.space import point_label
 
     cells = [
@@ -275,8 +277,11 @@ def _sweep_markdown(
         "",
         *(f"- {b}" for b in best or ["none finished"]),
         "",
-        f"report: `{report}` (also the artifact `report/` of the [parent run]"
-        f"({run_url(ui, experiment, result.parent_run_id)}) in MLflow); Optuna `{result.storage}`",
+        f"MLflow: [the sweep's runs]({sweep_url(ui, experiment, params.name)}), "
+        f"[charts: objective against the bands]({sweep_url(ui, experiment, params.name, charts=True)}), "
+        f"[parent run]({run_url(ui, experiment, result.parent_run_id)})",
+        "",
+        f"report: `{report}` (also the artifact `report/` of the parent run in MLflow); Optuna `{result.storage}`",
         "",
         markdown_table(cells, ".3f") if cells else "no cells",
         "",

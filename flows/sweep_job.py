@@ -82,6 +82,7 @@ def run_sweep(
         + (f", {len(elsewhere)} being run by another sweep process (this one waits for them)" if elsewhere else "")
     )
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    tracker.sweep_view(name)  # the runs view every link to the sweep opens
     init_ray(num_cpus=os.cpu_count())
     machine = machine_tags()
 

@@ -27,6 +27,24 @@ if TYPE_CHECKING:  # only for annotations: the reports read runs through this mo
     from copc_core.results import TrialResult
 
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# MLflow 3.17's UI opens an experiment in its GenAI view: the sidebar's GenAI / Model training toggle lives in the
+# browser's localStorage (default GenAI) and ignores EXPERIMENT_KIND (mlflow/mlflow#24498). A link that names the
+# view in its query is opened as a training experiment in any browser.
+TRAINING_VIEW = "workflowType=machine_learning"
+SHARED_VIEW = "mlflow.sharedViewState."  # an experiment tag MLflow's UI reads a runs view from (its "Share" button)
+# what a sweep's view shows: the point and the outcome, beside the run name (which carries the point too)
+VIEW_COLUMNS = [
+    "params.`point.method`",
+    "params.`point.tau_policy`",
+    "params.`point.tau_advantage`",
+    "params.`train.staleness`",
+    "params.`train.seed`",
+    "metrics.`summary/objective`",
+    "metrics.`summary/final_accuracy`",
+    "metrics.`summary/peak_accuracy`",
+    "metrics.`summary/collapsed`",
+    "metrics.`summary/collapse_step`",
+]
 _BATCH = 900  # MLflow accepts up to 1000 metrics per log_batch call
 _KEY = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
@@ -124,8 +142,7 @@ class Tracker:
             },
         )
         run_id = run.info.run_id
-        params = [Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()]
-        self.client.log_batch(run_id, params=params)
+        self.client.log_batch(run_id, params=run_params(config, label))
         self.client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
         now = int(time.time() * 1000)
         metrics = [
@@ -213,10 +230,7 @@ class Tracker:
             }
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         if config is not None:
-            self.client.log_batch(
-                run.info.run_id,
-                params=[Param(sanitize_key(k), v) for k, v in flatten(config.model_dump(mode="json")).items()],
-            )
+            self.client.log_batch(run.info.run_id, params=run_params(config, label))
         self.client.set_terminated(run.info.run_id, "FAILED")
         return run.info.run_id
 
@@ -234,9 +248,81 @@ class Tracker:
             self.client.log_dict(parent_id, {"cells": table}, "sweep_summary.json")
         self.client.set_terminated(parent_id, "FINISHED")
 
+    def sweep_view(self, sweep_name: str) -> str:
+        """Write the sweep's view of MLflow's runs page as a shared view (the state MLflow's own "Share" button
+        stores on the experiment) and return its key, for `sweep_url`: the sweep's trial runs, best objective first,
+        with the point's and the outcome's columns; its chart view opens on the objective against the bands, the lag
+        and the seed (parallel coordinates), before MLflow's own per-metric charts."""
+        quoted = sweep_name.replace("'", "\\'")
+        section = {"uuid": "copc-sweep", "name": "Sweep: objective against the bands", "display": True}
+        section |= {"columns": 1, "cardHeight": 480}  # one chart across the page, tall enough to read its axes
+        state = {
+            "searchFilter": f"tags.copc_sweep = '{quoted}' and tags.copc_kind = 'trial'",
+            "orderByKey": "metrics.`summary/objective`",
+            "orderByAsc": False,
+            "selectedColumns": VIEW_COLUMNS,
+            "columnOrder": VIEW_COLUMNS,
+            "isAccordionReordered": True,
+            "compareRunSections": [section | {"isReordered": True}],
+            "compareRunCharts": [
+                {
+                    "type": "PARALLEL",
+                    "uuid": "copc-parallel",
+                    "metricSectionId": section["uuid"],
+                    "displayName": "objective against the method, τ_p, τ_a, k and seed",
+                    "selectedParams": [f"point.{k}" for k in ("method", "tau_policy", "tau_advantage")]
+                    + ["train.staleness", "train.seed"],
+                    "selectedMetrics": ["summary/objective"],
+                    "showAllRuns": True,
+                    "runsCountToCompare": 100,
+                    "deleted": False,
+                    "isGenerated": False,
+                }
+            ],
+        }
+        key = view_key(sweep_name)
+        self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW + key, json.dumps(state))
+        return key
+
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
         self.client.log_artifact(parent_id, str(path), "report")
+
+
+def run_params(config: RunConfig, label: str | None = None) -> list[Param]:
+    """A run's parameters: the flattened config, and its point as MLflow's charts can draw it (`point.method`, the
+    sweep's key of the method with its reading; `point.tau_policy` / `point.tau_advantage` as text, `τp=1.5`,
+    `τp=∞`, or `none` for a band the method lacks: a number axis would drop ∞ and the methods without a band)."""
+    tp, ta = config.method.resolved_taus()
+    point = {
+        "point.method": label or config.method.name,
+        "point.tau_policy": "none" if tp is None else f"τp={tp:g}".replace("inf", "∞"),
+        "point.tau_advantage": "none" if ta is None else f"τa={ta:g}".replace("inf", "∞"),
+    }
+    flat = flatten(config.model_dump(mode="json")) | point
+    return [Param(sanitize_key(k), v) for k, v in flat.items()]
+
+
+def view_key(sweep_name: str) -> str:
+    """The key of a sweep's shared view (a tag key and a URL value: no characters either refuses)."""
+    import hashlib
+
+    return "copc-" + hashlib.sha1(sweep_name.encode()).hexdigest()[:12]
+
+
+def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in MLflow's UI, as a training run (not the GenAI view)."""
+    return f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
+
+
+def sweep_url(mlflow_ui: str, experiment_id: str, sweep_name: str, charts: bool = False) -> str:
+    """A sweep's runs in MLflow's UI (its shared view, `Tracker.sweep_view`); `charts`: the chart view, whose first
+    chart is the objective against the bands."""
+    mode = "&compareRunsMode=CHART" if charts else ""
+    return (
+        f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+        f"&viewStateShareKey={view_key(sweep_name)}{mode}"
+    )
 
 
 def logged_summary(metrics: dict[str, float], tags: dict[str, str]) -> RunSummary:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from infra.tracking import Tracker, read_sweeps
-from reports.frames import HISTORY_KEYS, curves_frame, run_url, runs_frame
+from infra.tracking import Tracker, read_sweeps, sweep_url
+from reports.frames import HISTORY_KEYS, curves_frame, runs_frame
 from reports.html import ReportData, render
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"  # what `copc up` serves, on the same store
@@ -56,7 +56,14 @@ def build_report(
         runs=runs,
         curves=curves_frame(found["trials"]),
         sources={"MLflow": tracking_uri, "run links": ui},
-        parent_links=[(p["sweep"], run_url(ui, found["experiment_id"], p["run_id"])) for p in found["parents"]],
+        parent_links=[
+            (
+                p["sweep"],
+                sweep_url(ui, found["experiment_id"], p["sweep"]),
+                sweep_url(ui, found["experiment_id"], p["sweep"], True),
+            )
+            for p in found["parents"]
+        ],
         baseline=baseline,
     )
     out = pathlib.Path(out)
@@ -67,6 +74,8 @@ def build_report(
     os.replace(tmp, out)
     if log_artifact:
         tracker = Tracker(tracking_uri)
+        for name in sweeps:  # the links above open these views (a sweep of an older copc has none yet)
+            tracker.sweep_view(name)
         for parent in found["parents"]:
             tracker.log_report(parent["run_id"], out)
             tracker.log_report(parent["run_id"], plotly)  # the report opens from MLflow's artifact store too

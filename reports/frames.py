@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from infra.tracking import run_url
 from reports import schema
 
 # per-step metrics the report plots (learner/trainer keys, docs/ALGORITHMS.md §5)
@@ -55,10 +56,6 @@ _SUMMARY = [
     "log_ratio_p01_mean",
     "log_ratio_p99_mean",
 ]
-
-
-def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
-    return f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def _float(text: str | None) -> float:

@@ -39,7 +39,7 @@ class ReportData:
     runs: pd.DataFrame
     curves: pd.DataFrame
     sources: dict[str, str] = field(default_factory=dict)  # label → text shown in the header
-    parent_links: list[tuple[str, str]] = field(default_factory=list)  # (sweep name, MLflow URL)
+    parent_links: list[tuple[str, str, str]] = field(default_factory=list)  # (sweep, MLflow runs URL, charts URL)
     baseline: str = "async_ppo"
     n_boot: int = analysis.N_BOOT
 
@@ -223,8 +223,8 @@ def _header(data: ReportData, t: _Tables) -> list[str]:
     ]
     if data.parent_links:
         parts.append(
-            '<p class="note">sweep parent runs in MLflow: '
-            + ", ".join(_link(url, name) for name, url in data.parent_links)
+            '<p class="note">the sweeps\' runs in MLflow: '
+            + ", ".join(f"{_link(runs, name)} ({_link(charts, 'charts')})" for name, runs, charts in data.parent_links)
             + "</p>"
         )
     return parts

@@ -62,3 +62,29 @@ def start_up(data: pathlib.Path, prefect_port: int, mlflow_port: int) -> subproc
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def mlflow_server(data: pathlib.Path):
+    """A real MLflow server on a free loopback port over `data`'s SQLite store (as `copc up` starts it): a context
+    manager yielding its URL."""
+    import contextlib
+
+    from infra.local_stack import LocalStack, wait_healthy
+
+    @contextlib.contextmanager
+    def serve():
+        stack = LocalStack(data, "127.0.0.1", free_port(), free_port())
+        log = open(data / "mlflow-server.log", "ab")
+        proc = subprocess.Popen(stack.mlflow_command(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(f"{stack.mlflow_url}/health", 180, "MLflow server", proc)
+            yield stack.mlflow_url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+    return serve()

@@ -33,7 +33,7 @@ def test_runs_frame_parses_params_metrics_and_failures():
     a, b = runs.set_index("run_id").loc["a"], runs.set_index("run_id").loc["b"]
     assert math.isinf(a.tau_policy) and a.tau_advantage == 2.0 and a.staleness == 4 and a.seed == 1
     assert a.scored and a.collapsed and a.collapse_step == 30.0 and a.objective == 0.7 and a.final_accuracy == 1.2
-    assert a.url == f"{UI}/#/experiments/7/runs/a"
+    assert a.url == f"{UI}/#/experiments/7/runs/a?workflowType=machine_learning"  # the training view, not GenAI
     assert (
         not b.scored
         and math.isnan(b.objective)
@@ -339,7 +339,7 @@ def sample_report(name="<script>window.__pwned=1</script>") -> ReportData:
         runs=frame(records),
         curves=curves_frame(records),
         sources={"MLflow": "sqlite:///x.db"},
-        parent_links=[("synthetic", f"{UI}/#/experiments/7/runs/p")],
+        parent_links=[("synthetic", f"{UI}/#/experiments/7/runs?v=1", f"{UI}/#/experiments/7/runs?v=1&c=1")],
         n_boot=300,
     )
 
@@ -354,7 +354,7 @@ def test_html_is_self_contained_and_escapes_user_text():
     own = page.replace(get_plotlyjs(), "")  # the page outside the inlined library loads nothing from outside
     assert "src=" not in own and "cdn.plot.ly" not in own and "<link" not in own
     assert page.index('id="summary"') < page.index('class="figure"')  # summary first
-    assert f'href="{UI}/#/experiments/7/runs/copc-0-0-0-0"' in page
+    assert f'href="{UI}/#/experiments/7/runs/copc-0-0-0-0?workflowType=machine_learning"' in page
 
 
 def test_reports_import_no_torch():
