@@ -19,8 +19,12 @@ class TrialResult:
     objective: float | None = None
     mlflow_run_id: str = ""
     recovered: bool = False  # read back from MLflow (its sweep died before telling Optuna)
+    streamed: tuple[int, int] = (0, 0)  # (history, evals) records the tracker received while the run trained
 
     @classmethod
     def from_run(cls, run: dict[str, Any]) -> TrialResult:
         """From a trial task's plain return value (`summary` as a dict: Ray ships plain data)."""
-        return cls(RunSummary.model_validate(run["summary"]), run["history"], run["evals"], run["runtime"])
+        streamed = tuple(run.get("streamed", (0, 0)))
+        return cls(
+            RunSummary.model_validate(run["summary"]), run["history"], run["evals"], run["runtime"], streamed=streamed
+        )

@@ -188,7 +188,7 @@ def _draw_trial(name: str, outcome) -> None:
 def copc_sweep(params: SweepParams) -> dict:
     """Run a sweep (every trial's line in this flow run's log), publish its table as an artifact with
     links to the MLflow runs and the report, and build the report."""
-    from flows.sweep_job import best_per_level, grid_table, run_sweep, sweep_rows
+    from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
     from reports.build import mlflow_ui_for
 
     logger = get_run_logger()
@@ -201,8 +201,7 @@ def copc_sweep(params: SweepParams) -> dict:
         params.tracking_uri,
         params.sampler,
         params.max_parallel,
-        progress=logger,
-        on_trial=_draw_trial,
+        SweepHooks(say=logger, trial_ended=_draw_trial),
     )
     table = grid_table(result.study, params.space)
     logger.info("\n%s", table)

@@ -9,6 +9,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from copc_core.config import RunConfig
@@ -30,6 +31,16 @@ from sweeps.study import (
 log = logging.getLogger("copc.sweep")
 
 
+@dataclass
+class SweepHooks:
+    """What a caller sees of a running sweep (the Prefect flow: its log, a node per phase and per trial)."""
+
+    say: logging.Logger | logging.LoggerAdapter = log  # a line per trial, and the sweep's state
+    warm_start: Callable[[list[RunConfig], pathlib.Path], None] | None = None  # builds the warm starts (else here)
+    trial_started: Callable[[str], None] | None = None  # (run name) as its trial starts
+    trial_ended: Callable[[str, TrialResult | BaseException], None] | None = None  # (run name, result or error)
+
+
 def run_sweep(
     space: SweepSpace,
     name: str,
@@ -39,121 +50,181 @@ def run_sweep(
     tracking: str | None = None,
     sampler: str = "grid",
     max_parallel: int | None = None,
-    progress: logging.Logger | logging.LoggerAdapter | None = None,
-    on_trial: Callable[[str, TrialResult | BaseException], None] | None = None,
+    hooks: SweepHooks | None = None,
 ) -> SweepResult:
-    """Run every point of `space` not finished yet in study `name`; each trial is logged to MLflow, then
-    told to Optuna, as it ends. `progress` (a logger: the Prefect flow's) gets a line per trial, and
-    `on_trial(run name, result or exception)` is called as each trial ends (the flow draws it as a node)."""
-    from tqdm import tqdm
-
-    from copc_core.warmstart import warm_start_key
-    from infra.checkpoints import cached_warm_start
+    """Run every point of `space` not finished yet in study `name`: warm the cache → open the study and the
+    sweep's MLflow parent → tell Optuna what MLflow holds already → run the fresh points (each a child run from its
+    start, its curves streamed while it trains, then told to Optuna) → close the parent with the per-cell table."""
     from infra.local_stack import require_servers
-    from infra.ray_runtime import init_ray
-    from infra.sweep_runs import run_trials
-    from infra.tracking import Tracker, machine_tags, tracking_uri
+    from infra.tracking import Tracker, tracking_uri
 
-    say = progress or log
+    hooks = hooks or SweepHooks()
     storage = storage or f"sqlite:///{data / 'optuna.db'}"
     require_servers(tracking_uri(data, tracking), prefect=False)  # before the study or any run exists
     tracker = Tracker(tracking_uri(data, tracking), artifact_dir=data / "mlartifacts")
-    cache = data / "cache"
-    bars: list = []
-
-    def on_warm(step: int, total: int, loss: float) -> None:  # only called when not cached yet
-        if not bars:
-            bars.append(tqdm(total=total, desc="warm start (SFT, cached for later)", unit="step", file=sys.stderr))
-        bars[0].update(1)
-        bars[0].set_postfix(loss=f"{loss:.3f}")
-
-    for config in {warm_start_key(c): c for c in (space.run_config(base, p) for p in space.grid())}.values():
-        cached_warm_start(config, cache, on_warm)
-    for bar in bars:
-        bar.close()
+    (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     sweep = open_study(name, storage, sampler)
     name_objective(sweep, objective_name(space))
-    study = sweep.study
-    points = pending_points(sweep, space)
-    total, elsewhere = len(space.grid()), running_elsewhere(sweep, space)
-    say.info(
-        f"sweep {name!r}: {total} points, {total - len(points) - len(elsewhere)} already finished, "
-        f"{len(points)} to run"
-        + (f", {len(elsewhere)} being run by another sweep process (this one waits for them)" if elsewhere else "")
-    )
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
     tracker.sweep_view(name)  # the runs view every link to the sweep opens
-    init_ray(num_cpus=os.cpu_count())
-    machine = machine_tags()
-
-    def run_points(batch: list[dict[str, Any]], on_result) -> None:
-        configs = [space.run_config(base, p) for p in batch]
-        bar = tqdm(total=len(configs), desc="trials", unit="run", file=sys.stderr)
-
-        def done(i: int, outcome: TrialResult | BaseException) -> None:  # track in MLflow, then tell Optuna
-            p, run_name = batch[i], point_label(batch[i], space.schedule)
-            if isinstance(outcome, BaseException):
-                tracker.log_failed_trial(
-                    parent, name, run_name, f"{type(outcome).__name__}: {outcome}", configs[i], label=p["method"]
-                )
-                say.warning(f"trial {run_name} FAILED: {type(outcome).__name__}: {outcome}")
-            else:
-                scored = TrialResult(**{**outcome.__dict__, "objective": space.score(outcome.summary)})
-                run_id = tracker.log_trial(parent, name, run_name, configs[i], scored, label=p["method"], tags=machine)
-                outcome = TrialResult(**{**scored.__dict__, "mlflow_run_id": run_id})
-                s = outcome.summary
-                bar.set_postfix(last=f"k={p['staleness']} acc={s.final_accuracy:.2f}")
-                say.info(
-                    f"trial {bar.n + 1}/{len(configs)} {run_name}: final {s.final_accuracy:.3f}, peak "
-                    f"{s.peak_accuracy:.3f}"
-                    + (f", COLLAPSED at step {s.collapse_step}" if s.collapsed else "")
-                    + f" (objective {outcome.objective:.3f}; MLflow run {run_id})"
-                )
-            on_result(i, outcome)
-            if on_trial is not None:
-                on_trial(run_name, outcome)
-            bar.update(1)
-
-        run_trials(configs, cache, done, max_parallel)
-        bar.close()
-
-    outcomes: list[TrialOutcome] = []
-    attempted: set[tuple] = set()  # points this process ran: a failure here is final until the next sweep
-    while True:
-        attempted |= {point_key(p) for p in points}
-        # a result logged to MLflow whose sweep died before telling Optuna is told now, not trained again
-        logged = tracker.logged_trials(parent)
-        # a point's key in MLflow: (config hash, method label), as Tracker.logged_trials keys its runs
-        keys = {point_key(p): (space.run_config(base, p).config_hash(), p["method"]) for p in points}
-        recovered = [p for p in points if keys[point_key(p)] in logged]
-        if recovered:
-            say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
-
-            def tell_logged(batch, on_result, logged=logged, keys=keys):
-                for i, p in enumerate(batch):
-                    on_result(i, logged[keys[point_key(p)]])
-
-            outcomes += run_study(sweep, recovered, tell_logged)
-        fresh = [p for p in points if keys[point_key(p)] not in logged]
-        if fresh:
-            outcomes += run_study(sweep, fresh, run_points)
-        # points another live sweep process holds: wait until each ends, or its process dies (then run it)
-        while running_elsewhere(sweep, space):
-            time.sleep(HEARTBEAT_S)
-        points = [p for p in pending_points(sweep, space) if point_key(p) not in attempted]
-        if not points:
-            break
+    outcomes = _run_pending(_Sweep(space, name, base, data, sweep, tracker, parent, max_parallel, hooks))
     mine = {point_key(p) for p in space.grid()}
     complete = [
-        t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and point_key(trial_point(t)) in mine
+        t
+        for t in sweep.study.get_trials(deepcopy=False)
+        if t.state.name == "COMPLETE" and point_key(trial_point(t)) in mine
     ]
     best = max(complete, key=lambda t: t.value) if complete else None
     tracker.finish_parent(
         parent,
         {"sweep/trials_complete": len(complete), "sweep/best_value": best.value if best else float("nan")},
-        table=sweep_rows(study, space),
+        table=sweep_rows(sweep.study, space),
     )
-    return SweepResult(study, outcomes, best, parent, storage, tracker.uri, tracker.experiment_id)
+    return SweepResult(sweep.study, outcomes, best, parent, storage, tracker.uri, tracker.experiment_id)
+
+
+def warm_cache(configs: list[RunConfig], cache: pathlib.Path, on_warm=None) -> None:
+    """Build the SFT warm start of every distinct warm-start section of `configs` not cached yet (a progress bar on
+    a terminal; `on_warm(step, total, loss)` for another display)."""
+    from copc_core.warmstart import warm_start_key
+    from infra.checkpoints import cached_warm_start
+
+    bar = _Bar("warm start (SFT, cached for later)", "step")
+    for config in {warm_start_key(c): c for c in configs}.values():
+        cached_warm_start(config, cache, on_warm or bar.step)
+    bar.close()
+
+
+class _Bar:
+    """A tqdm bar on stderr when it is a terminal (a served flow's stderr is a log: no carriage-return spam)."""
+
+    def __init__(self, desc: str, unit: str):
+        self.desc, self.unit, self.bar = desc, unit, None
+
+    def step(self, done: int, total: int, loss: float | None = None) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(
+                total=total, desc=self.desc, unit=self.unit, file=sys.stderr, disable=not sys.stderr.isatty()
+            )
+        self.bar.update(1)
+        if loss is not None:
+            self.bar.set_postfix(loss=f"{loss:.3f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclass
+class _Sweep:
+    """One run of a sweep: what its steps share."""
+
+    space: SweepSpace
+    name: str
+    base: RunConfig
+    data: pathlib.Path
+    study: Any  # sweeps.study.SweepStudy
+    tracker: Any  # infra.tracking.Tracker
+    parent: str
+    max_parallel: int | None
+    hooks: SweepHooks
+
+
+def _run_pending(s: _Sweep) -> list[TrialOutcome]:
+    """Until no point is left: tell Optuna the results MLflow holds already, run the fresh points, wait for the
+    points another live sweep process runs (or run them, if it dies)."""
+    from infra.ray_runtime import init_ray
+
+    points = pending_points(s.study, s.space)
+    total, elsewhere = len(s.space.grid()), running_elsewhere(s.study, s.space)
+    s.hooks.say.info(
+        f"sweep {s.name!r}: {total} points, {total - len(points) - len(elsewhere)} already finished, "
+        f"{len(points)} to run"
+        + (f", {len(elsewhere)} being run by another sweep process (this one waits for them)" if elsewhere else "")
+    )
+    init_ray(num_cpus=os.cpu_count())
+    outcomes: list[TrialOutcome] = []
+    attempted: set[tuple] = set()  # points this process ran: a failure here is final until the next sweep
+    while True:
+        _kill_orphans(s)
+        attempted |= {point_key(p) for p in points}
+        logged = s.tracker.logged_trials(s.parent)  # results whose sweep died before telling Optuna
+        recovered = [p for p in points if _mlflow_key(s, p) in logged]
+        if recovered:
+            s.hooks.say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
+            outcomes += run_study(s.study, recovered, lambda batch, tell, got=logged: _tell_logged(s, batch, tell, got))
+        fresh = [p for p in points if _mlflow_key(s, p) not in logged]
+        if fresh:
+            outcomes += run_study(s.study, fresh, lambda batch, tell: _train_points(s, batch, tell))
+        while running_elsewhere(s.study, s.space):  # another live sweep process's points: wait, or run if it dies
+            time.sleep(HEARTBEAT_S)
+        points = [p for p in pending_points(s.study, s.space) if point_key(p) not in attempted]
+        if not points:
+            return outcomes
+
+
+def _kill_orphans(s: _Sweep) -> None:
+    """Mark KILLED the MLflow runs a stopped sweep process left RUNNING (their points are no longer live)."""
+    killed = s.tracker.kill_orphans(s.parent, {_mlflow_key(s, p) for p in running_elsewhere(s.study, s.space)})
+    if killed:
+        s.hooks.say.info(f"{killed} MLflow run(s) of a stopped sweep process marked KILLED")
+
+
+def _mlflow_key(s: _Sweep, point: dict[str, Any]) -> tuple[str, str]:
+    """A point's key among MLflow's runs: (config hash, method label), as `Tracker.logged_trials` keys them."""
+    return s.space.run_config(s.base, point).config_hash(), point["method"]
+
+
+def _tell_logged(s: _Sweep, batch: list[dict[str, Any]], tell, logged: dict) -> None:
+    for i, p in enumerate(batch):
+        tell(i, logged[_mlflow_key(s, p)])
+
+
+def _train_points(s: _Sweep, batch: list[dict[str, Any]], tell) -> None:
+    """Train `batch` as Ray trials: each gets its MLflow run as it starts (its curves stream there), is scored,
+    finished in MLflow and told to Optuna (`tell`) as it ends."""
+    from infra.sweep_runs import run_trials
+    from infra.tracking import machine_tags
+
+    configs = [s.space.run_config(s.base, p) for p in batch]
+    names = [point_label(p, s.space.schedule) for p in batch]
+    machine = machine_tags()
+    run_ids: dict[int, str] = {}
+    bar = _Bar("trials", "run")
+    done_count = [0]
+
+    def start(i: int) -> dict:
+        run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i]["method"], machine)
+        if s.hooks.trial_started is not None:
+            s.hooks.trial_started(names[i])
+        return {"uri": s.tracker.uri, "run_id": run_ids[i]}
+
+    def done(i: int, outcome: TrialResult | BaseException) -> None:  # track in MLflow, then tell Optuna
+        if i not in run_ids:  # it failed before it started
+            start(i)
+        done_count[0] += 1
+        if isinstance(outcome, BaseException):
+            s.tracker.fail_trial(run_ids[i], f"{type(outcome).__name__}: {outcome}")
+            s.hooks.say.warning(f"trial {names[i]} FAILED: {type(outcome).__name__}: {outcome}")
+        else:
+            outcome = replace(outcome, objective=s.space.score(outcome.summary), mlflow_run_id=run_ids[i])
+            s.tracker.finish_trial(run_ids[i], outcome)
+            m = outcome.summary
+            s.hooks.say.info(
+                f"trial {done_count[0]}/{len(batch)} {names[i]}: final {m.final_accuracy:.3f}, peak "
+                f"{m.peak_accuracy:.3f}"
+                + (f", COLLAPSED at step {m.collapse_step}" if m.collapsed else "")
+                + f" (objective {outcome.objective:.3f}; MLflow run {run_ids[i]})"
+            )
+        tell(i, outcome)
+        if s.hooks.trial_ended is not None:
+            s.hooks.trial_ended(names[i], outcome)
+        bar.step(done_count[0], len(batch))
+
+    run_trials(configs, s.data / "cache", done, s.max_parallel, on_start=start)
+    bar.close()
 
 
 def sweep_rows(study, space: SweepSpace) -> list[dict[str, Any]]:

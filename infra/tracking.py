@@ -1,8 +1,9 @@
 """MLflow tracking, the only module that imports mlflow.
 
-A sweep is a parent run; each trial a nested child run with the flattened config as params,
-`config.json` as an artifact, the config hash as a tag, per-step metrics sent in batches
-(`log_batch`, never one call per metric per step) and the `RunSummary` as final metrics.
+A sweep is a parent run; each trial a nested child run, created when the trial starts, with the flattened config
+as params, `config.json` as an artifact, the config hash as a tag, per-step metrics sent in batches while it
+trains (`MetricStream`, from the process that trains; `log_batch`, never one call per metric per step) and the
+`RunSummary` as final metrics when it ends.
 Default store: SQLite under the data folder; `MLFLOW_TRACKING_URI` or an explicit URI overrides.
 """
 
@@ -13,11 +14,12 @@ import os
 import pathlib
 import platform
 import re
+import sys
 import time
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from copc_core.stability import RunSummary
@@ -110,16 +112,26 @@ class Tracker:
         label: str | None = None,
         tags: dict[str, str] | None = None,
     ) -> str:
-        """One run with everything the reports read; returns its run id. A trial of a sweep is a child
-        of the sweep's parent run; a single `copc train` run (`parent_id` None) is a run of its own.
+        """One run with everything the reports read, logged after it ended; returns its run id (`start_trial`, then
+        `finish_trial`). A trial of a sweep is a child of the sweep's parent run; a single `copc train` run
+        (`parent_id` None) is a run of its own."""
+        run_id = self.start_trial(parent_id, sweep_name, run_name, config, label, tags)
+        self.finish_trial(run_id, result)
+        return run_id
 
-        Besides the numeric summary fields (`summary/*`), the early-warning step lists go in as counts
-        (`summary/ess_drop_count`, `summary/grad_spike_count`) and as tags, the sweep's objective as
-        `summary/objective`, the runner as the `runtime` tag, the method's key in the sweep (`label`) as the
-        `method` tag, and `tags` (the machine) as given.
-        """
-        summary = result.summary
-        warnings = {"ess_drop_steps": summary.ess_drop_steps, "grad_norm_spike_steps": summary.grad_norm_spike_steps}
+    def start_trial(
+        self,
+        parent_id: str | None,
+        sweep_name: str | None,
+        run_name: str,
+        config: RunConfig,
+        label: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        """A run for a trial that starts now (RUNNING, so the UI lists it while it trains): its identity as tags (the
+        config hash, the method's key in the sweep as `method`, the bands in effect, `tags` such as the machine), the
+        config as params (`run_params`) and `config.json`. Returns its id; `MetricStream` and `finish_trial` add to
+        it."""
         kind = (
             {"mlflow.parentRunId": parent_id, "copc_sweep": sweep_name, "copc_kind": "trial"}
             if parent_id
@@ -135,22 +147,32 @@ class Tracker:
                 "method": label or config.method.name,
                 "tau_policy": str(tp),
                 "tau_advantage": str(ta),
-                "runtime": result.runtime,
-                "collapse_reason": str(summary.collapse_reason),
                 **(tags or {}),
-                **{k: json.dumps(v)[:5000] for k, v in warnings.items()},
             },
         )
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=run_params(config, label))
         self.client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
+        return run_id
+
+    def finish_trial(self, run_id: str, result: TrialResult) -> None:
+        """End a started run with its result: the per-step records it has not streamed yet (`result.streamed`), the
+        summary as `summary/*` metrics (the early-warning step lists as counts, `summary/ess_drop_count` and
+        `summary/grad_spike_count`, and as tags), the sweep's objective as `summary/objective`, the runner as the
+        `runtime` tag; FINISHED, or FAILED for a non-finite step."""
+        summary = result.summary
+        warnings = {"ess_drop_steps": summary.ess_drop_steps, "grad_norm_spike_steps": summary.grad_norm_spike_steps}
+        self.client.log_batch(
+            run_id,
+            tags=[
+                RunTag("runtime", result.runtime),
+                RunTag("collapse_reason", str(summary.collapse_reason)),
+                *(RunTag(k, json.dumps(v)[:5000]) for k, v in warnings.items()),
+            ],
+        )
+        sent_steps, sent_evals = result.streamed
+        metrics = step_metrics(result.history[sent_steps:] + result.evals[sent_evals:])
         now = int(time.time() * 1000)
-        metrics = [
-            Metric(sanitize_key(k), float(v), now, int(rec["step"]))
-            for rec in result.history + result.evals
-            for k, v in rec.items()
-            if k != "step"
-        ]
         metrics += [
             Metric(f"summary/{k}", float(v), now, 0)
             for k, v in summary.model_dump().items()
@@ -162,10 +184,32 @@ class Tracker:
         ]
         if result.objective is not None:
             metrics.append(Metric("summary/objective", float(result.objective), now, 0))
+        self._log_metrics(run_id, metrics)
+        self.client.set_terminated(run_id, "FAILED" if summary.collapse_reason == "non_finite" else "FINISHED")
+
+    def fail_trial(self, run_id: str, reason: str) -> None:
+        """End a started run whose trial raised: the reason as the tag `fail_reason`, status FAILED."""
+        self.client.set_tag(run_id, "fail_reason", reason[:5000])
+        self.client.set_terminated(run_id, "FAILED")
+
+    def kill_orphans(self, parent_id: str, live: set[tuple[str, str]]) -> int:
+        """Mark KILLED the RUNNING trial runs of a sweep whose point no live sweep process is running (`live`: their
+        (config hash, method label) keys): a sweep stopped midway left them, and they will never finish. Returns
+        how many."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'",
+            max_results=50_000,
+        )
+        orphans = [r for r in runs if (r.data.tags.get("config_hash"), r.data.tags.get("method")) not in live]
+        for r in orphans:
+            self.client.set_tag(r.info.run_id, "fail_reason", "interrupted: its sweep process stopped")
+            self.client.set_terminated(r.info.run_id, "KILLED")
+        return len(orphans)
+
+    def _log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
-        self.client.set_terminated(run_id, "FAILED" if summary.collapse_reason == "non_finite" else "FINISHED")
-        return run_id
 
     def logged_train_run(self, config_hash: str, run_dir: str) -> str | None:
         """The id of a finished `train` run of this config in this run folder, if one was logged."""
@@ -210,29 +254,14 @@ class Tracker:
         sweep_name: str,
         run_name: str,
         reason: str,
-        config: RunConfig | None = None,
+        config: RunConfig,
         label: str | None = None,
     ) -> str:
-        """A trial that raised: its config as params (so reports place it in the grid) and the reason."""
-        tags = {
-            "mlflow.parentRunId": parent_id,
-            "copc_sweep": sweep_name,
-            "copc_kind": "trial",
-            "fail_reason": reason[:5000],
-        }
-        if config is not None:
-            tp, ta = config.method.resolved_taus()
-            tags |= {
-                "config_hash": config.config_hash(),
-                "method": label or config.method.name,
-                "tau_policy": str(tp),
-                "tau_advantage": str(ta),
-            }
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
-        if config is not None:
-            self.client.log_batch(run.info.run_id, params=run_params(config, label))
-        self.client.set_terminated(run.info.run_id, "FAILED")
-        return run.info.run_id
+        """A trial that raised before it was started in MLflow: its config as params (so reports place it in the
+        grid) and the reason."""
+        run_id = self.start_trial(parent_id, sweep_name, run_name, config, label)
+        self.fail_trial(run_id, reason)
+        return run_id
 
     def finish_parent(
         self, parent_id: str, metrics: dict[str, float], table: list[dict[str, Any]] | None = None
@@ -287,6 +316,53 @@ class Tracker:
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
         self.client.log_artifact(parent_id, str(path), "report")
+
+
+def step_metrics(records: list[dict[str, float]]) -> list[Metric]:
+    """Per-step records ({"step": s, key: value, ...}) as MLflow metrics at their steps."""
+    now = int(time.time() * 1000)
+    return [
+        Metric(sanitize_key(k), float(v), now, int(rec["step"]))
+        for rec in records
+        for k, v in rec.items()
+        if k != "step"
+    ]
+
+
+class MetricStream:
+    """A training run's step records sent to its MLflow run while it trains (from the process that trains it), at most
+    every `every_s` seconds, so its curves grow in the UI. `send(history, evals)` takes the run's record lists as
+    they grow; `close()` sends the rest and returns how many of each were sent, for `Tracker.finish_trial` to send
+    the others. A tracking store that fails is not retried: the stream stops, says why (`error`), and the run's
+    result still carries every record."""
+
+    def __init__(self, uri: str, run_id: str, every_s: float = 5.0):
+        self.client, self.run_id, self.every_s = MlflowClient(uri), run_id, every_s
+        self.sent = [0, 0]  # history, evals records sent
+        self.last = time.monotonic()
+        self.error: str | None = None
+
+    def send(self, history: list[dict[str, float]], evals: list[dict[str, float]], force: bool = False) -> None:
+        if self.error is not None or (not force and time.monotonic() - self.last < self.every_s):
+            return
+        new = [history[self.sent[0] :], evals[self.sent[1] :]]
+        try:
+            metrics = step_metrics(new[0] + new[1])
+            for i in range(0, len(metrics), _BATCH):
+                self.client.log_batch(self.run_id, metrics=metrics[i : i + _BATCH])
+        except Exception as err:  # the store is down or refuses: the result keeps the records; the caller logs them
+            self.error = f"{type(err).__name__}: {err}"[:500]
+            print(
+                f"warning: MLflow run {self.run_id}: live metrics stopped ({self.error}); logged at the end",
+                file=sys.stderr,
+            )
+            return
+        self.sent = [self.sent[0] + len(new[0]), self.sent[1] + len(new[1])]
+        self.last = time.monotonic()
+
+    def close(self, history: list[dict[str, float]], evals: list[dict[str, float]]) -> tuple[int, int]:
+        self.send(history, evals, force=True)
+        return self.sent[0], self.sent[1]
 
 
 def run_params(config: RunConfig, label: str | None = None) -> list[Param]:

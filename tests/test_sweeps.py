@@ -346,6 +346,49 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4
     assert all(study.trials[n].state.name == "COMPLETE" for n in before)  # the finished ones were kept, not redone
     assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in study.trials)
+    # the MLflow runs the killed process had started will never finish: the rerun marked them KILLED
+    runs = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(["1"], "tags.copc_kind = 'trial'")
+    statuses = sorted(r.info.status for r in runs)
+    assert statuses.count("FINISHED") == 4 and "RUNNING" not in statuses, statuses
+    assert all(r.data.tags["fail_reason"].startswith("interrupted") for r in runs if r.info.status == "KILLED")
+
+
+def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_trains(tmp_path, tiny_warm_state):
+    """Child runs were written after each trial ended (durations of 0.6 s for trials of 30-55 s): no curve grew while
+    a sweep trained. Now the run is created as the trial starts and the training process streams its step records;
+    at the end each metric holds every step once (the streamed part is not logged again)."""
+    import time
+
+    steps = 60
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=steps)
+    (tmp_path / "space.json").write_text(tiny_space(tau_advantage=[1.0], staleness=[0], steps=steps).model_dump_json())
+    proc = _run_sweep_process(tmp_path, "live", tmp_path / "space.json", tmp_path / "base.json", env)
+    db = tmp_path / "mlflow.db"
+    seen = []  # (status, reward/mean points) of the trial's run, polled while the sweep runs
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(1)
+        if not db.exists():
+            continue
+        try:
+            client = MlflowClient(f"sqlite:///{db}")
+            runs = client.search_runs(["1"], "tags.copc_kind = 'trial'")
+        except Exception:  # the store is being created
+            continue
+        if runs:
+            points = client.get_metric_history(runs[0].info.run_id, "reward/mean")
+            seen.append((runs[0].info.status, len(points)))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    growing = [n for status, n in seen if status == "RUNNING"]
+    assert growing and growing[0] < steps, seen  # listed while it trained
+    assert any(0 < n < steps for n in growing), seen  # with part of its curve
+    client = MlflowClient(f"sqlite:///{db}")
+    (run,) = client.search_runs(["1"], "tags.copc_kind = 'trial'")
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert run.info.status == "FINISHED" and sorted(m.step for m in history) == list(range(1, steps + 1))
+    evals = client.get_metric_history(run.info.run_id, "eval/accuracy")
+    assert len({m.step for m in evals}) == len(evals) and 0 in {m.step for m in evals}  # each eval once, step 0 too
 
 
 def _run_sweep_process(tmp_path, name, space_file, base_file, env):
