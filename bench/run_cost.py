@@ -59,9 +59,9 @@ def main() -> None:
     import torch
 
     from copc_core.config import with_overrides
+    from copc_core.run_presets import REGIME_BASE
     from infra.checkpoints import cached_warm_start
     from infra.settings import data_dir
-    from sweeps.presets import REGIME_BASE
 
     torch.set_num_threads(1)
     modes = ("every", "final")

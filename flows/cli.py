@@ -127,13 +127,48 @@ Anchor = _choices("MethodConfig", "anchor")
 
 
 def _default(path: str) -> str:
-    """The default RunConfig's value at a dotted path, for --help (a flag left out keeps it)."""
-    from copc_core.config import RunConfig
+    """The value at a dotted path of `copc train`'s default run (the preset embedded-default), for --help (a flag left
+    out keeps it)."""
+    from copc_core.run_presets import run_preset
 
-    node = RunConfig().model_dump()
+    node = run_preset("embedded-default").model_dump()
     for key in path.split("."):
         node = node[key]
     return f" (default {node})"
+
+
+def train_config(preset: Optional[str], config: Optional[pathlib.Path], task: Optional[str], flags: dict[str, object]):
+    """`copc train`'s RunConfig: a --config file, or a run preset (default: the default sweep's trial, the search
+    regime's for --task search), with the flags over it; exit 2 naming what is wrong."""
+    from copc_core.run_presets import run_preset
+
+    if config is not None and preset is not None:
+        _fail("give --config or --preset, not both")
+    if config is None and preset is None:
+        preset = "embedded-search" if task == "search" else "embedded-default"
+    try:
+        base = run_preset(preset) if preset is not None else None
+    except ValueError as err:
+        _fail(str(err))
+    return build_run_config(config, flags, task, base=_bands_for(flags.get("method.name"), base))
+
+
+def _bands_for(method: object, base):
+    """A --method other than the preset's keeps the preset's bands only where it has them (TIS has no τ_p: the
+    default run's τ_p 4 is left behind, not refused)."""
+    from copc_core.config import with_overrides
+    from copc_core.methods import has_band, method_names, preset
+
+    if base is None or method is None or method == base.method.name or method not in method_names():
+        return base
+    lacks = {f"method.{b}": None for b in ("tau_policy", "tau_advantage") if not has_band(preset(method), b)}
+    return with_overrides(base, lacks)
+
+
+def _run_presets() -> str:
+    from copc_core.run_presets import RUN_PRESETS
+
+    return " | ".join(RUN_PRESETS)
 
 
 @app.command()
@@ -165,9 +200,11 @@ def train(
         None, help="value-only updates before the first policy update" + _default("train.critic_warmup_steps")
     ),
     tau_policy: Optional[float] = typer.Option(
-        None, help="policy mask band τ_p ≥ 1 (inf: no mask) (default: the method's)"
+        None, help="policy mask band τ_p ≥ 1 (inf: no mask)" + _default("method.tau_policy")
     ),
-    tau_advantage: Optional[float] = typer.Option(None, help="advantage clip band τ_a ≥ 1 (default: the method's)"),
+    tau_advantage: Optional[float] = typer.Option(
+        None, help="advantage clip band τ_a ≥ 1" + _default("method.tau_advantage")
+    ),
     seed: Optional[int] = typer.Option(None, help="training seed" + _default("train.seed")),
     steps: Optional[int] = typer.Option(None, help="learner steps" + _default("train.steps")),
     batch_size: Optional[int] = typer.Option(None, help="episodes per learner step" + _default("train.batch_size")),
@@ -185,9 +222,7 @@ def train(
     ),
     ray_address: Optional[str] = typer.Option(None, help="join an existing Ray cluster (implies --runtime ray)"),
     preset: Optional[str] = typer.Option(
-        None,
-        help="run preset (base config): embedded-default | embedded-search | "
-        "scale-out-qwen2.5-0.5b | scale-out-qwen2.5-1.5b-search",
+        None, help="run preset (base config; default embedded-default, a trial of the default sweep): " + _run_presets()
     ),
     hf_model: Optional[str] = typer.Option(
         None, help="a Hugging Face causal LM (Hub id or local directory) instead of the tiny GPT"
@@ -199,19 +234,13 @@ def train(
         None, help="Ray rollout actors (one GPU each in the scale-out presets)" + _default("resources.rollout_workers")
     ),
 ) -> None:
-    """Train one run: the embedded default (tiny GPT, tool-math task, or --task search), a preset, or an HF model."""
-    base = None
-    if preset is not None:
-        from copc_core.run_presets import run_preset
-
-        try:
-            base = run_preset(preset)
-        except ValueError as err:
-            _fail(str(err))
-    if config is not None and base is not None:
-        _fail("give --config or --preset, not both")
-    cfg = build_run_config(
+    """Train one run: by default a trial of the default sweep (the study's regime at τ_p 4, τ_a 1, k 32, seed 0, tiny
+    GPT on tool-math; --task search: the search regime), so flags for a cell's bands, lag and seed rerun that cell's
+    trial; or a preset, a --config file, an HF model."""
+    cfg = train_config(
+        preset,
         config,
+        task,
         {
             "method.name": method,
             "train.staleness": staleness,
@@ -232,8 +261,6 @@ def train(
             "model.device": device,
             "resources.rollout_workers": rollout_workers,
         },
-        task,
-        base=base,
     )
     if cfg.train.eta is not None and runtime != "ray":
         typer.echo("bounded staleness (eta) runs on the Ray runtime: --runtime ray", err=True)
@@ -323,7 +350,14 @@ def train(
         f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
         f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}"
     )
-    typer.echo(f"MLflow run {run_id} (kind train) in {tracking_uri or 'the data folder'}; files in {run_dir}")
+    from infra.tracking import run_link
+    from infra.tracking import tracking_uri as resolve
+    from reports.build import mlflow_ui_for
+
+    uri = resolve(root, tracking_uri)
+    server = "" if uri.startswith("http") else " (with `copc up` serving this data folder)"
+    typer.echo(f"MLflow run {run_id} (kind train) in {uri}: {run_link(uri, mlflow_ui_for(uri), run_id)}{server}")
+    typer.echo(f"files in {run_dir}")
 
 
 @app.command()
@@ -382,20 +416,6 @@ def _ints(text: Optional[str], option: str) -> Optional[list[int]]:
         _fail(f"{option} takes comma-separated integers, got {text!r}")
 
 
-def _swept_methods(text: str) -> list[dict]:
-    """'copc,copc[behavior],async_ppo' → SweptMethod fields (a reading of the anchor in brackets)."""
-    out = []
-    for part in text.split(","):
-        name, _, rest = part.strip().partition("[")
-        entry: dict = {"name": name}
-        if rest:
-            if not rest.endswith("]"):
-                _fail(f"--methods: {part!r} is not NAME or NAME[ANCHOR]")
-            entry["anchor"] = rest[:-1]
-        out.append(entry)
-    return out
-
-
 def _space_with_axes(
     space,
     methods: Optional[str],
@@ -405,36 +425,25 @@ def _space_with_axes(
     seeds: Optional[str],
     steps: Optional[int],
 ):
-    """The space with the axes given as flags replaced; band flags apply to every method that has the band."""
-    from copc_core.methods import has_band, preset
-    from sweeps.space import BANDS, SweepSpace
+    """The space with the axes given as flags replaced (sweeps.space.with_axes); exit 2 naming a bad flag."""
+    from sweeps.space import with_axes
 
-    data = space.model_dump(mode="json")
-    if methods is not None:
-        data["methods"] = _swept_methods(methods)
-    for band, text, option in zip(BANDS, (tau_policy, tau_advantage), ("--tau-policy", "--tau-advantage")):
-        values = _floats(text, option)
-        if values is None:
-            continue
-        takers = [m for m in data["methods"] if m["name"] in _known_methods() and has_band(preset(m["name"]), band)]
-        if not takers:
-            _fail(f"{option} given, but no method of the sweep has that band")
-        for m in takers:
-            m[band] = values
-    for key, value in (
-        ("staleness", _ints(staleness, "--staleness")),
-        ("seeds", _ints(seeds, "--seeds")),
-        ("steps", steps),
-    ):
-        if value is not None:
-            data[key] = value
-    return SweepSpace.model_validate(data)
-
-
-def _known_methods() -> list[str]:
-    from copc_core.methods import method_names
-
-    return method_names()
+    try:
+        return with_axes(
+            space,
+            methods,
+            _floats(tau_policy, "--tau-policy"),
+            _floats(tau_advantage, "--tau-advantage"),
+            _ints(staleness, "--staleness"),
+            _ints(seeds, "--seeds"),
+            steps,
+        )
+    except ValidationError:
+        raise
+    except ValueError as err:  # named by its field: say the flag
+        field, _, rest = str(err).partition(" ")
+        flags = {"tau_policy": "--tau-policy", "tau_advantage": "--tau-advantage", "methods:": "--methods:"}
+        _fail(f"{flags[field]} {rest}" if field in flags else str(err))
 
 
 def _sweep_presets() -> str:

@@ -7,19 +7,23 @@ parameter form generated from the pydantic models below.
 from __future__ import annotations
 
 import pathlib
-from typing import Literal, Optional, Union
+import threading
+from typing import Annotated, Literal, Optional, Union
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
 from copc_core.run_presets import RUN_PRESETS
 from infra.settings import Runtime
-from sweeps.space import Sampler, SweepName, SweepSpace
+from sweeps.presets import PRESETS
+from sweeps.space import Band, Sampler, SweepName, SweepSpace
 
 RunPresetName = Literal[tuple(RUN_PRESETS)]  # the presets' names, choices in the form
+SweepPresetName = Literal[tuple(PRESETS)]
 LOCAL_CALLER = {"local_caller": True}  # validation context of the CLI: its user chooses paths freely
 
 
@@ -74,27 +78,68 @@ class TrainParams(BaseModel):
         return with_overrides(self.config if self.config is not None else run_preset(self.preset), self.overrides)
 
 
-def _embedded() -> tuple[SweepSpace, RunConfig]:
-    from sweeps.presets import sweep_preset
-
-    return sweep_preset("embedded-default")
-
-
 class SweepParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One sweep: a preset and the axes to change (the short form a person fills in from the UI), or a whole space
+    and base config in its place (the advanced fields at the end)."""
 
-    name: SweepName = "embedded-default"
-    space: SweepSpace = Field(default_factory=lambda: _embedded()[0])
-    base: RunConfig = Field(default_factory=lambda: _embedded()[1])
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    preset: SweepPresetName = Field("embedded-default", description="the sweep's space and base run config")
+    name: Optional[SweepName] = Field(
+        None, description="study and MLflow parent-run name (default: the preset's); run it again to resume or grow"
+    )
+    methods: str = Field(
+        "",
+        pattern=r"^([a-z0-9_]+(\[[a-z]+\])?(,[a-z0-9_]+(\[[a-z]+\])?)*)?$",
+        description="methods axis, comma-separated, a reading in brackets: copc,copc[behavior],tis (empty: the "
+        "preset's; `copc methods` lists them)",
+    )
+    tau_policy: list[Band] = Field(
+        default_factory=list, description="τ_p values of every method with a τ_p (empty: the preset's)"
+    )
+    tau_advantage: list[Band] = Field(
+        default_factory=list, description="τ_a values of every method with a τ_a (empty: the preset's)"
+    )
+    staleness: list[Annotated[int, Field(ge=0, le=1024)]] = Field(
+        default_factory=list, description="lags k in versions, e.g. [0, 8, 32] (empty: the preset's)"
+    )
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(
+        default_factory=list, description="e.g. [0, 1, 2] (empty: the preset's)"
+    )
+    steps: Optional[int] = Field(None, ge=1, le=1_000_000, description="learner steps per trial")
+    max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
+    sampler: Sampler = "grid"
+    overrides: dict[str, OverrideValue] = Field(
+        default_factory=dict, description='dotted RunConfig fields over the base, e.g. {"train.lr": 5e-5}'
+    )
+    space: Optional[SweepSpace] = Field(None, description="a whole search space in place of the preset's (advanced)")
+    base: Optional[RunConfig] = Field(None, description="a whole base RunConfig in place of the preset's (advanced)")
     storage: Optional[str] = None
     tracking_uri: Optional[str] = None
-    sampler: Sampler = "grid"
-    max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
     _storage = _confined("storage", "store")
     _tracking = _confined("tracking_uri", "store")
+
+    @model_validator(mode="after")
+    def _resolves(self) -> SweepParams:
+        try:
+            self.resolved()
+        except KeyError as err:
+            raise ValueError(f"overrides: {err.args[0]}") from None
+        return self
+
+    def resolved(self) -> tuple[str, SweepSpace, RunConfig]:
+        """(name, space, base): the preset's, or the whole ones given, with the axes and overrides applied."""
+        from copc_core.config import with_overrides
+        from sweeps.presets import sweep_preset
+        from sweeps.space import with_axes
+
+        space, base = sweep_preset(self.preset)
+        lists = (self.methods, self.tau_policy, self.tau_advantage, self.staleness, self.seeds)
+        space = with_axes(self.space or space, *(axis or None for axis in lists), self.steps)
+        return self.name or self.preset, space, with_overrides(self.base or base, self.overrides)
 
 
 class ReportParams(BaseModel):
@@ -147,84 +192,143 @@ def copc_train(params: TrainParams) -> dict:
     from prefect.runtime import flow_run
 
     from infra.local_run import train_and_track
+    from infra.tracking import run_link, tracking_uri
+    from reports.build import mlflow_ui_for
 
     config = params.run_config()
+    data = _data(params.data_dir)
     summary, run_dir, run_id = train_and_track(
-        config, _data(params.data_dir), params.runtime, tags={"prefect_flow_run_id": str(flow_run.get_id())}
+        config, data, params.runtime, tags={"prefect_flow_run_id": str(flow_run.get_id())}
     )
     s = summary
+    result = (
+        f"held-out accuracy: warm start {s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} "
+        f"(peak {s.peak_accuracy:.3f}){' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}"
+    )
+    uri = tracking_uri(data)
+    link = run_link(uri, mlflow_ui_for(uri), run_id)
+    get_run_logger().info("run %s: %s; MLflow run %s: %s", config.config_hash(), result, run_id, link)
     publish_markdown(
         "copc-train-summary",
-        f"### Run {config.config_hash()}\n\nheld-out accuracy: warm start "
-        f"{s.warm_start_accuracy:.3f} → final {s.final_accuracy:.3f} (peak {s.peak_accuracy:.3f})"
-        f"{' · COLLAPSED at step ' + str(s.collapse_step) if s.collapsed else ''}\n\nMLflow run `{run_id}`; "
+        f"### Run {config.config_hash()}\n\n{result}\n\n[MLflow run {run_id[:8]}]({link}); "
         f"files: `{run_dir}`\n\n```\n{s.model_dump_json(indent=2)}\n```",
         "run summary",
     )
     return summary.model_dump() | {"mlflow_run_id": run_id, "run_dir": str(run_dir)}
 
 
-@task(name="trial", task_run_name="{name}")
-def trial_node(name: str, outcome: dict) -> dict:
-    """A finished trial as a node of the sweep's run graph (the trial itself ran as a Ray task): its
+@task(name="warm start (SFT)", task_run_name="warm start (SFT)", cache_policy=NONE)
+def warm_start_node(configs: list[RunConfig], cache: pathlib.Path) -> None:
+    """The sweep's SFT warm start as a node of its run graph, its progress as a progress artifact and log lines
+    (it is a few minutes of a small sweep's time); a warm start cached already takes no time."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from flows.sweep_job import warm_cache
+
+    logger = get_run_logger()
+    progress = create_progress_artifact(0.0, key="warm-start", description="SFT warm start (cached for later sweeps)")
+    built = []
+
+    def on_warm(step: int, total: int, loss: float) -> None:
+        every = max(1, total // 50)
+        if step % every == 0 or step == total:
+            update_progress_artifact(progress, 100.0 * step / total)
+        if step % max(1, total // 10) == 0 or step == total:
+            logger.info("warm start: step %d/%d, loss %.3f", step, total, loss)
+        if step == total:
+            built.append(step)
+
+    warm_cache(configs, cache, on_warm)
+    update_progress_artifact(progress, 100.0)
+    logger.info("warm start: %s", f"{len(built)} built and cached" if built else "cached already")
+
+
+class _TrialNodes:
+    """The sweep's trials as nodes of its flow run: one submitted as each trial starts (it waits here), ended with
+    the trial (a failure marks the node failed, not the flow)."""
+
+    def __init__(self) -> None:
+        self.ended_with: dict[str, dict] = {}
+        self.changed = threading.Condition()
+        self.futures: list = []
+
+    def started(self, name: str) -> None:
+        self.futures.append(trial_node.submit(name, self))
+
+    def ended(self, name: str, outcome) -> None:
+        if isinstance(outcome, BaseException):
+            data = {"error": f"{type(outcome).__name__}: {outcome}"}
+        else:
+            data = {"mlflow_run_id": outcome.mlflow_run_id, "objective": outcome.objective}
+            data |= outcome.summary.model_dump(
+                include={"final_accuracy", "peak_accuracy", "collapsed", "collapse_step"}
+            )
+        with self.changed:
+            self.ended_with[name] = data
+            self.changed.notify_all()
+
+    def wait(self, name: str) -> dict:
+        with self.changed:
+            self.changed.wait_for(lambda: name in self.ended_with)
+            return self.ended_with[name]
+
+    def close(self) -> None:
+        """Every node has ended (each trial was ended before this is called)."""
+        for future in self.futures:
+            future.wait()
+
+
+@task(name="trial", task_run_name="{name}", cache_policy=NONE)
+def trial_node(name: str, nodes: _TrialNodes) -> dict:
+    """A trial as a node of the sweep's run graph, running from the moment its Ray task starts until it ends: its
     summary and MLflow run, or its failure."""
+    outcome = nodes.wait(name)
     if "error" in outcome:
         raise RuntimeError(f"trial {name} failed: {outcome['error']}")
     return outcome
 
 
-def _draw_trial(name: str, outcome) -> None:
-    """Record a trial that just ended as a task run of the current flow run (a failure marks the node
-    failed, not the flow)."""
-    if isinstance(outcome, BaseException):
-        data = {"error": f"{type(outcome).__name__}: {outcome}"}
-    else:
-        data = {"mlflow_run_id": outcome.mlflow_run_id, "objective": outcome.objective}
-        data |= outcome.summary.model_dump(include={"final_accuracy", "peak_accuracy", "collapsed", "collapse_step"})
-    trial_node(name, data, return_state=True)
-
-
 @flow(name="copc-sweep")
 def copc_sweep(params: SweepParams) -> dict:
-    """Run a sweep (every trial's line in this flow run's log), publish its table as an artifact with
-    links to the MLflow runs and the report, and build the report."""
+    """Run a sweep: its warm start and each trial a node of this flow run as they happen, every trial's line in the
+    log; publish its table as an artifact with links to MLflow and the report, and build the report."""
     from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
+    from infra.tracking import sweep_url
     from reports.build import mlflow_ui_for
 
     logger = get_run_logger()
-    result = run_sweep(
-        params.space,
-        params.name,
-        params.base,
-        _data(params.data_dir),
-        params.storage,
-        params.tracking_uri,
-        params.sampler,
-        params.max_parallel,
-        SweepHooks(say=logger, trial_ended=_draw_trial),
-    )
-    table = grid_table(result.study, params.space)
+    name, space, base = params.resolved()
+    nodes = _TrialNodes()
+    hooks = SweepHooks(say=logger, warm_start=warm_start_node, trial_started=nodes.started, trial_ended=nodes.ended)
+    try:
+        result = run_sweep(
+            space,
+            name,
+            base,
+            _data(params.data_dir),
+            params.storage,
+            params.tracking_uri,
+            params.sampler,
+            params.max_parallel,
+            hooks,
+        )
+    finally:
+        nodes.close()
+    table = grid_table(result.study, space)
     logger.info("\n%s", table)
     report = copc_report(
         ReportParams.model_validate(
-            {"sweeps": [params.name], "tracking_uri": result.tracking_uri, "data_dir": params.data_dir},
+            {"sweeps": [name], "tracking_uri": result.tracking_uri, "data_dir": params.data_dir},
             context=LOCAL_CALLER,
         )
     )
     ui = mlflow_ui_for(result.tracking_uri)
-    experiment = result.experiment_id
-    rows = sweep_rows(result.study, params.space)
-    best = best_per_level(rows, params.space.schedule)
-    publish_markdown(
-        "copc-sweep",
-        _sweep_markdown(params, result, rows, best, report["path"], ui, experiment),
-        "joint sweep",
-    )
-    from infra.tracking import sweep_url
-
+    rows = sweep_rows(result.study, space)
+    best = best_per_level(rows, space.schedule)
+    publish_markdown("copc-sweep", _sweep_markdown(name, space, result, rows, best, report["path"], ui), "joint sweep")
     return {
         "parent_run_id": result.parent_run_id,
-        "mlflow_url": sweep_url(ui, experiment, params.name),
+        "mlflow_url": sweep_url(ui, result.experiment_id, name),
         "trials": len(result.outcomes),
         "table": table,
         "report": report["path"],
@@ -236,13 +340,14 @@ def copc_sweep(params: SweepParams) -> dict:
 
 
 def _sweep_markdown(
-    params: SweepParams, result, rows: list[dict], best: list[str], report: str, ui: str, experiment: str
+    name: str, space: SweepSpace, result, rows: list[dict], best: list[str], report: str, ui: str
 ) -> str:
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
     from infra.tracking import markdown_table, run_url, sweep_url
     from sweeps.space import point_label
 
+    experiment = result.experiment_id
     cells = [
         {
             "method": r["method"],
@@ -263,21 +368,21 @@ def _sweep_markdown(
         run_id = o.result.mlflow_run_id if o.result else ""
         trials.append(
             {
-                "trial": point_label(o.point, params.space.schedule),
+                "trial": point_label(o.point, space.schedule),
                 "state": o.state,
                 "objective": o.value if o.state == "COMPLETE" else o.reason[:200],
                 "MLflow run": f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else None,
             }
         )
     lines = [
-        f"### Sweep {params.name}",
+        f"### Sweep {name}",
         "",
         "best cell per staleness level (seed mean):",
         "",
         *(f"- {b}" for b in best or ["none finished"]),
         "",
-        f"MLflow: [the sweep's runs]({sweep_url(ui, experiment, params.name)}), "
-        f"[charts: objective against the bands]({sweep_url(ui, experiment, params.name, charts=True)}), "
+        f"MLflow: [the sweep's runs]({sweep_url(ui, experiment, name)}), "
+        f"[charts: objective against the bands]({sweep_url(ui, experiment, name, charts=True)}), "
         f"[parent run]({run_url(ui, experiment, result.parent_run_id)})",
         "",
         f"report: `{report}` (also the artifact `report/` of the parent run in MLflow); Optuna `{result.storage}`",
@@ -350,9 +455,6 @@ def copc_analysis(params: AnalysisParams) -> dict:
     return {"path": str(out), "records": str(records_path)}
 
 
-DEPLOYMENT = "embedded"
-
-
 def _as_json(params: BaseModel) -> dict:
     """Parameters as the JSON the Prefect API stores: ∞ as the string "Infinity" (which the models read back and
     their schema allows), never a float that the API's JSON would turn into null."""
@@ -362,23 +464,22 @@ def _as_json(params: BaseModel) -> dict:
 
 
 def deployments(data_dir: Optional[str] = None) -> list:
-    """One deployment per flow, its parameters bound explicitly (the embedded defaults), plus one
-    `copc-sweep` deployment per other sweep preset (sweeps/presets.py), named after it."""
+    """One deployment per flow, named for what it does, its parameters bound explicitly (the embedded defaults), and
+    one `copc-sweep` deployment per sweep preset, named after it (sweeps/presets.py); every form is short, the whole
+    config one optional field away."""
     from sweeps.presets import PRESETS
 
-    presets = [
+    sweeps = [
         copc_sweep.to_deployment(
-            name=name,
-            parameters={"params": _as_json(SweepParams(name=name, space=space, base=base, data_dir=data_dir))},
+            name=name, parameters={"params": _as_json(SweepParams(preset=name, data_dir=data_dir))}
         )
-        for name, (space, base) in PRESETS.items()
-        if name != "embedded-default"
+        for name in PRESETS
     ]
-    return presets + [
-        copc_train.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(TrainParams(data_dir=data_dir))}),
-        copc_sweep.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(SweepParams(data_dir=data_dir))}),
-        copc_report.to_deployment(name=DEPLOYMENT, parameters={"params": _as_json(ReportParams(data_dir=data_dir))}),
+    return [
+        copc_train.to_deployment(name="train", parameters={"params": _as_json(TrainParams(data_dir=data_dir))}),
+        *sweeps,
+        copc_report.to_deployment(name="report", parameters={"params": _as_json(ReportParams(data_dir=data_dir))}),
         copc_analysis.to_deployment(
-            name=DEPLOYMENT, parameters={"params": _as_json(AnalysisParams(data_dir=data_dir))}
+            name="bias-variance", parameters={"params": _as_json(AnalysisParams(data_dir=data_dir))}
         ),
     ]

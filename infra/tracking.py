@@ -391,6 +391,11 @@ def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
     return f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
 
 
+def run_link(tracking: str, mlflow_ui: str, run_id: str) -> str:
+    """The UI URL of a logged run (its experiment read from the store)."""
+    return run_url(mlflow_ui, MlflowClient(tracking).get_run(run_id).info.experiment_id, run_id)
+
+
 def sweep_url(mlflow_ui: str, experiment_id: str, sweep_name: str, charts: bool = False) -> str:
     """A sweep's runs in MLflow's UI (its shared view, `Tracker.sweep_view`); `charts`: the chart view, whose first
     chart is the objective against the bands."""

@@ -7,7 +7,8 @@ the baselines, at every staleness level; their report carries the claims section
 
 from __future__ import annotations
 
-from copc_core.config import RunConfig, SearchTaskConfig, with_overrides
+from copc_core import run_presets
+from copc_core.config import RunConfig, SearchTaskConfig
 from copc_core.methods import METHODS, has_band
 from sweeps.space import SweepSpace, SweptMethod
 
@@ -26,23 +27,7 @@ CLAIMS_SPACE = SweepSpace(
     steps=50,
 )
 
-# The study's regime (docs/REGIME.md): no calibrated candidate met every criterion; this is the nearest one,
-# `weakwarm-b32-lr1e-4` of bench/regime.py (it fails the critic criterion only: explained variance after warm-up
-# below 0.3). A separate critic warmed up for 100 steps, a weak warm start (15 % correct demonstrations), batches
-# of 32 in 2 minibatches, lr 1e-4: learning at k = 0 spreads over ~125-150 learner steps.
-REGIME_OVERRIDES = {
-    "model.separate_critic": True,
-    "train.critic_warmup_steps": 100,
-    "warm_start.frac_correct": 0.15,
-    "train.lr": 1e-4,
-    "train.batch_size": 32,
-    "train.minibatches": 2,
-    # greedy decoding at step 0 and the last step only: ~15 % of a run's time (bench/run_cost.py); the sampled
-    # accuracy the claims use is bit for bit the same (tests/test_trainer.py), so the study's earlier runs, which
-    # evaluated greedy every time, stay comparable
-    "train.greedy_eval": "final",
-}
-REGIME_BASE = with_overrides(RunConfig(), REGIME_OVERRIDES)
+REGIME_BASE = run_presets.REGIME_BASE  # the study's regime (copc_core/run_presets.py, docs/REGIME.md)
 REGIME_LAGS = [0, 8, 32]  # versions; 0, 16 and 64 optimizer updates at 2 minibatches a version
 REGIME_TAU_POLICY = [1.5, 2.0, 4.0]
 REGIME_TAU_ADVANTAGE = [1.0, 1.1, 1.25, 1.5, 2.0, float("inf")]  # narrow bands too: τ_a ≥ 2 barely clips
@@ -66,21 +51,8 @@ REGIME_SPACE = SweepSpace(
     steps=300,
 )
 
-# The search task's regime (docs/REGIME.md, round 9): the one candidate that met every criterion in every seed,
-# `search-midwarm-b32-lr7e-5-clr3` of bench/regime.py — a mid warm start (30 % correct demonstrations), batches of 32
-# in 2 minibatches, lr 7e-5, a separate critic learning 3× faster, warmed up for 100 steps. The same space as
-# tool-math's: every reading, the ablations and baselines, lags of 0, 16 and 64 optimizer updates, 5 seeds.
-REGIME_SEARCH_OVERRIDES = {
-    "model.separate_critic": True,
-    "train.critic_warmup_steps": 100,
-    "train.critic_lr_scale": 3.0,
-    "warm_start.frac_correct": 0.3,
-    "train.lr": 7e-5,
-    "train.batch_size": 32,
-    "train.minibatches": 2,
-    "train.greedy_eval": "final",
-}
-REGIME_SEARCH_BASE = with_overrides(RunConfig(task=SearchTaskConfig()), REGIME_SEARCH_OVERRIDES)
+REGIME_SEARCH_BASE = run_presets.REGIME_SEARCH_BASE
+EMBEDDED_CELL = run_presets.EMBEDDED_CELL  # the point `copc train` runs by default: one cell of the sweep below
 
 # `copc sweep` with no arguments: COPC's 2 × 2 (τ_p, τ_a) grid at a lag of 64 optimizer updates, 3 seeds, in the
 # regime; 200 learner steps (≥ 4× the lag; learning at k = 0 is ~90 % done by then). About 8 minutes on 2 cores.
@@ -88,7 +60,7 @@ EMBEDDED_SPACE = SweepSpace(
     methods=[SweptMethod(name="copc", tau_policy=[1.5, 4.0], tau_advantage=[1.0, 2.0])],
     staleness=[32],
     seeds=[0, 1, 2],
-    steps=200,
+    steps=EMBEDDED_CELL["train.steps"],
 )
 
 PRESETS: dict[str, tuple[SweepSpace, RunConfig]] = {

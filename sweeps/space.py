@@ -216,3 +216,45 @@ def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
     )
     lag = "k" if schedule == "lag" else "eta"
     return f"{point['method']}{bands} {lag}={point['staleness']} s={point['seed']}"
+
+
+def parse_methods(text: str) -> list[dict[str, str]]:
+    """'copc,copc[behavior],async_ppo' → SweptMethod fields (a reading of the trust region's anchor in brackets)."""
+    out = []
+    for part in text.split(","):
+        name, _, rest = part.strip().partition("[")
+        entry = {"name": name}
+        if rest:
+            if not rest.endswith("]"):
+                raise ValueError(f"methods: {part!r} is not NAME or NAME[ANCHOR]")
+            entry["anchor"] = rest[:-1]
+        out.append(entry)
+    return out
+
+
+def with_axes(
+    space: SweepSpace,
+    methods: str | None = None,
+    tau_policy: list[float] | None = None,
+    tau_advantage: list[float] | None = None,
+    staleness: list[int] | None = None,
+    seeds: list[int] | None = None,
+    steps: int | None = None,
+) -> SweepSpace:
+    """`space` with the axes given replaced (`copc sweep`'s flags, the Prefect form's fields), re-validated; band values
+    apply to every method of the sweep that has that band. Raises ValueError naming what is wrong."""
+    data = space.model_dump(mode="json")
+    if methods is not None:
+        data["methods"] = parse_methods(methods)
+    for band, values in zip(BANDS, (tau_policy, tau_advantage)):
+        if values is None:
+            continue
+        takers = [m for m in data["methods"] if m["name"] in method_names() and has_band(preset(m["name"]), band)]
+        if not takers:
+            raise ValueError(f"{band} given, but no method of the sweep has that band")
+        for m in takers:
+            m[band] = values
+    for key, value in (("staleness", staleness), ("seeds", seeds), ("steps", steps)):
+        if value is not None:
+            data[key] = value
+    return SweepSpace.model_validate(data)

@@ -27,7 +27,7 @@ def copc(*args, data_dir, timeout=300, **extra_env):
         (["--method", "sync_ppo", "--staleness", "4"], "on-policy"),
         (["--method", "tis", "--tau-policy", "2"], "has no tau_policy"),
         (["--batch-size", "0"], "train.batch_size"),
-        (["--batch-size", "30"], "divisible by minibatches"),
+        (["--batch-size", "31"], "divisible by minibatches"),
         (["--task", "maze"], "unknown task 'maze'"),
         (["--preset", "huge"], "unknown run preset 'huge'; presets: embedded-default"),
         (["--hf-model", ""], "model.hf_model"),
@@ -312,16 +312,17 @@ def test_the_run_presets_validate_and_size_the_cluster():
 
 
 def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_path):
-    from copc_core.config import RunConfig
+    from copc_core.run_presets import run_preset
 
     out = copc("train", "--help", data_dir=tmp_path, COLUMNS="250")
-    d = RunConfig()
+    d = run_preset("embedded-default")  # what `copc train` runs with no --preset or --config
     for text in (
         f"(default {d.train.lr})",
         f"(default {d.train.steps})",
         f"(default {d.train.lag})",
         f"(default {d.method.name})",
-        "(default: the method's)",
+        f"(default {d.method.tau_policy})",
+        "(default: the method's; see",  # the anchor
     ):
         assert text in out.stdout, text
 
@@ -354,3 +355,31 @@ def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
         TrainParams(overrides={"train.staleness": -4})
     with pytest.raises(ValidationError, match="preset"):
         TrainParams(preset="huge")
+
+
+def test_copc_train_by_default_is_a_trial_of_the_default_sweep_and_a_cells_flags_rerun_that_cell():
+    """`copc train` ran RunConfig()'s defaults (lr 3e-4, batch 128, shared critic, no critic warm-up), not the study's
+    regime the default sweep runs: a run could not be set beside a sweep cell and built a warm start of its own."""
+    from copc_core.warmstart import warm_start_key
+    from flows.cli import train_config
+    from sweeps.presets import sweep_preset
+    from sweeps.space import with_axes
+
+    space, base = sweep_preset("embedded-default")
+    for p in space.grid():
+        flags = {
+            "method.tau_policy": p["tau_policy"],
+            "method.tau_advantage": p["tau_advantage"],
+            "train.staleness": p["staleness"],
+            "train.seed": p["seed"],
+        }
+        assert train_config(None, None, None, flags) == space.run_config(base, p)  # the same run, the same hash
+    default = train_config(None, None, None, {})
+    cell = {"tau_policy": 4.0, "tau_advantage": 1.0, "staleness": 32, "seed": 0, "method": "copc"}
+    assert default.config_hash() == space.run_config(base, cell).config_hash()
+    assert warm_start_key(default) == warm_start_key(space.run_config(base, space.grid()[0]))  # its warm start reused
+    assert default.model.separate_critic and default.train.critic_warmup_steps == 100 and default.train.lr == 1e-4
+    # the search task's default: the same cell of `copc sweep --preset regime-search --methods copc`
+    search_space, search_base = sweep_preset("regime-search")
+    point = {"method": "copc", "tau_policy": 4.0, "tau_advantage": 1.0, "staleness": 32, "seed": 0}
+    assert train_config(None, None, "search", {}) == with_axes(search_space, "copc").run_config(search_base, point)

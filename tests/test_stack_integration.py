@@ -55,14 +55,14 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 while True:  # wait until `copc serve` has registered the deployment
                     try:
                         with get_client(sync_client=True) as c:
-                            c.read_deployment_by_name("copc-sweep/embedded")
+                            c.read_deployment_by_name("copc-sweep/embedded-default")
                         break
                     except Exception:
                         if time.time() > deadline:
                             raise
                         time.sleep(1)
-                run = run_deployment("copc-sweep/embedded", parameters=json.loads({json.dumps(json.dumps(params))}),
-                                     timeout=600)
+                run = run_deployment("copc-sweep/embedded-default", timeout=600,
+                                     parameters=json.loads({json.dumps(json.dumps(params))}))
                 print("STATE", run.state.type.value)
                 from prefect.client.schemas import filters as F
                 with get_client(sync_client=True) as c:  # what the UI shows of this flow run: its log and artifact
@@ -73,9 +73,12 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
                 print("TRIAL_NODES", json.dumps(sorted(
                     [t.name, t.state.type.value] for t in tasks if t.task_key.startswith("trial"))))
+                times = [(t.name, t.start_time.timestamp(), t.end_time.timestamp()) for t in tasks if t.end_time]
+                print("NODE_TIMES", json.dumps(dict((n, [a, b]) for n, a, b in times)))
+                print("PROGRESS", json.dumps([a.data for a in arts if a.key == "warm-start"]))
                 print("ARTIFACT", json.dumps([a.data for a in arts if a.key == "copc-sweep"]))
                 # a caller of the API may not choose where files are written
-                evil = run_deployment("copc-report/embedded", timeout=300, parameters={{"params": {{
+                evil = run_deployment("copc-report/report", timeout=300, parameters={{"params": {{
                     "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
                 print("EVIL", evil.state.type.value)
             """)
@@ -89,6 +92,11 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
             nodes = json.loads(out.stdout.split("TRIAL_NODES ")[1].splitlines()[0])
             assert [state for _, state in nodes] == ["COMPLETED"] * 3, nodes
             assert sorted(name.split()[0] for name, _ in nodes) == ["copc", "copc", "tis"], nodes
+            # the warm start is a node of its own with a progress artifact; each trial's node runs from the trial's
+            # start (its MLflow run's start) to its end, not drawn after it ended
+            times = json.loads(out.stdout.split("NODE_TIMES ")[1].splitlines()[0])
+            assert "warm start (SFT)" in times, times
+            assert json.loads(out.stdout.split("PROGRESS ")[1].splitlines()[0]) == [100.0]
             (artifact,) = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
             assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
             assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
@@ -109,6 +117,9 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
         assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
         assert sorted(t.user_attrs["method"] for t in study.trials) == ["copc", "copc", "tis"]
         assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
+        for c in children:
+            start, end = times[c.info.run_name]
+            assert abs(start - c.info.start_time / 1000) < 5 and end >= c.info.end_time / 1000 - 1, (times, c.info)
 
 
 def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(tmp_path):
@@ -326,7 +337,7 @@ def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(t
     log = tmp_path / "serve.log"
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
         server = start_serve(stack_env(stack, tmp_path), log)
-        assert "copc-sweep/embedded" in log.read_text(), log.read_text()[-3000:]
+        assert "copc-sweep/embedded-default" in log.read_text(), log.read_text()[-3000:]
         time.sleep(5)  # the runner is up and polling
     # the stack is down now: the API does not answer
     before = len(log.read_text())
