@@ -251,9 +251,8 @@ def test_every_sweep_preset_has_a_deployment_with_its_space_and_base():
 
     by_name = {(d.flow_name, d.name): d for d in deployments()}
     for name, (space, base) in PRESETS.items():
-        deployment = by_name["copc-sweep", "embedded" if name == "embedded-default" else name]
-        params = SweepParams.model_validate(deployment.parameters["params"])
-        assert params.space == space and params.base == base and params.name == name
+        params = SweepParams.model_validate(by_name["copc-sweep", name].parameters["params"])
+        assert params.resolved() == (name, space, base) and params.space is None and params.base is None
     assert PRESETS["claims-search"][1].task.name == "search"
 
 
@@ -268,7 +267,11 @@ def test_every_deployments_parameters_satisfy_the_schema_prefect_checks_them_aga
     assert any(math.isinf(t) for m in PRESETS["regime-tool-math"][0].methods for t in m.tau_advantage or [])
     import orjson  # Prefect's client encodes parameters with orjson
 
-    for d in deployments():
+    from flows.prefect_flows import SweepParams, _as_json, copc_sweep
+
+    infinite = SweepParams(tau_advantage=[1.0, math.inf])  # a band of ∞ typed into the sweep form
+    extra = copc_sweep.to_deployment(name="inf", parameters={"params": _as_json(infinite)})
+    for d in [*deployments(), extra]:
         sent = orjson.loads(orjson.dumps(d.parameters))
         jsonschema.validate(sent, d._parameter_openapi_schema.model_dump_for_openapi())
 
@@ -383,3 +386,38 @@ def test_copc_train_by_default_is_a_trial_of_the_default_sweep_and_a_cells_flags
     search_space, search_base = sweep_preset("regime-search")
     point = {"method": "copc", "tau_policy": 4.0, "tau_advantage": 1.0, "staleness": 32, "seed": 0}
     assert train_config(None, None, "search", {}) == with_axes(search_space, "copc").run_config(search_base, point)
+
+
+def test_the_sweep_form_is_a_preset_the_axes_and_overrides_resolved_as_the_cli_resolves_its_flags(tmp_path):
+    from pydantic import ValidationError
+
+    from copc_core.config import with_overrides
+    from flows.prefect_flows import SweepParams
+    from sweeps.presets import sweep_preset
+    from sweeps.space import with_axes
+
+    form = SweepParams(
+        preset="regime-search",
+        methods="copc[behavior],tis",
+        tau_policy=[4.0, math.inf],
+        seeds=[7],
+        steps=50,
+        overrides={"train.lr": 5e-5},
+    )
+    space, base = sweep_preset("regime-search")
+    name, got_space, got_base = form.resolved()
+    assert name == "regime-search" and got_base == with_overrides(base, {"train.lr": 5e-5})
+    assert got_space == with_axes(space, "copc[behavior],tis", [4.0, math.inf], None, None, [7], 50)
+    assert [m.key for m in got_space.methods] == ["copc[behavior]", "tis"] and got_space.seeds == [7]
+    assert got_space.methods[0].tau_policy == [4.0, math.inf] and got_space.methods[1].tau_policy is None
+    assert SweepParams().resolved() == ("embedded-default", *sweep_preset("embedded-default"))  # empty: the preset
+    for bad, field in (
+        ({"methods": "copc;rm -rf"}, "methods"),
+        ({"methods": "ppo9"}, "valid methods"),
+        ({"methods": "tis", "tau_policy": [2.0]}, "no method of the sweep has that band"),
+        ({"overrides": {"train.stepz": 3}}, "stepz"),
+        ({"seeds": [-1]}, "seeds"),
+        ({"preset": "huge"}, "preset"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            SweepParams(**bad)

@@ -1,0 +1,51 @@
+"""infra/tracking: a trial's run streamed while it trains, then finished; nothing logged twice, nothing lost."""
+
+from mlflow.tracking import MlflowClient
+
+from copc_core.results import TrialResult
+from infra.tracking import MetricStream, Tracker
+from tests.conftest import tiny_config
+from tests.test_sweeps import summary
+
+
+def _records(n: int) -> tuple[list[dict], list[dict]]:
+    history = [{"step": float(s), "reward/mean": s / 10} for s in range(1, n + 1)]
+    evals = [{"step": float(s), "eval/accuracy": s / 20} for s in range(0, n + 1, 2)]
+    return history, evals
+
+
+def test_a_streamed_run_holds_every_step_once_after_it_is_finished(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri)
+    run_id = tracker.start_trial(None, None, "streamed", tiny_config())
+    history, evals = _records(6)
+    stream = MetricStream(uri, run_id, every_s=0.0)
+    for n in (2, 4):  # the trainer's lists as they grow
+        stream.send(history[:n], [e for e in evals if e["step"] <= n])
+        client = MlflowClient(uri)
+        assert len(client.get_metric_history(run_id, "reward/mean")) == n  # visible while it trains
+        assert client.get_run(run_id).info.status == "RUNNING"
+    sent = stream.close(history, evals)
+    assert sent == (6, 4) and stream.error is None
+    tracker.finish_trial(run_id, TrialResult(summary(0.5), history, evals, objective=0.5, streamed=sent))
+    client = MlflowClient(uri)
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "reward/mean"))
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval/accuracy")) == [0, 2, 4, 6]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["summary/objective"] == 0.5
+
+
+def test_a_store_that_refuses_the_stream_stops_it_and_the_finished_run_gets_every_record(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri)
+    run_id = tracker.start_trial(None, None, "refused", tiny_config())
+    history, evals = _records(4)
+    stream = MetricStream(uri, "no-such-run", every_s=0.0)  # the store refuses every batch for this run
+    stream.send(history[:2], evals[:1])
+    assert stream.error is not None and "no-such-run" in capsys.readouterr().err  # said, not swallowed
+    sent = stream.close(history, evals)
+    assert sent == (0, 0)  # nothing was sent: the sweep logs it all when the trial ends
+    tracker.finish_trial(run_id, TrialResult(summary(0.5), history, evals, objective=0.5, streamed=sent))
+    steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "reward/mean"))
+    assert steps == [1, 2, 3, 4]
