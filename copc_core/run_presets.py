@@ -112,6 +112,18 @@ RUN_PRESETS: dict[str, RunConfig] = {
 }
 
 
+def with_method(base: RunConfig, name: str | None) -> RunConfig:
+    """`base` ready for method `name`: the bands it lacks (TIS has no τ_p) set back to None, so that a preset's bands
+    are kept where the new method has them and never refused where it has not. An unknown name is left to the
+    config's own validation."""
+    from copc_core.methods import has_band, method_names, preset
+
+    if name is None or name == base.method.name or name not in method_names():
+        return base
+    lacks = {f"method.{b}": None for b in ("tau_policy", "tau_advantage") if not has_band(preset(name), b)}
+    return with_overrides(base, lacks)
+
+
 def run_preset(name: str) -> RunConfig:
     if name not in RUN_PRESETS:
         raise ValueError(f"unknown run preset {name!r}; presets: {', '.join(RUN_PRESETS)}")

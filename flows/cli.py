@@ -139,8 +139,9 @@ def _default(path: str) -> str:
 
 def train_config(preset: Optional[str], config: Optional[pathlib.Path], task: Optional[str], flags: dict[str, object]):
     """`copc train`'s RunConfig: a --config file, or a run preset (default: the default sweep's trial, the search
-    regime's for --task search), with the flags over it; exit 2 naming what is wrong."""
-    from copc_core.run_presets import run_preset
+    regime's for --task search), with the flags over it (a --method keeps the preset's bands it has); exit 2 naming
+    what is wrong."""
+    from copc_core.run_presets import run_preset, with_method
 
     if config is not None and preset is not None:
         _fail("give --config or --preset, not both")
@@ -150,19 +151,7 @@ def train_config(preset: Optional[str], config: Optional[pathlib.Path], task: Op
         base = run_preset(preset) if preset is not None else None
     except ValueError as err:
         _fail(str(err))
-    return build_run_config(config, flags, task, base=_bands_for(flags.get("method.name"), base))
-
-
-def _bands_for(method: object, base):
-    """A --method other than the preset's keeps the preset's bands only where it has them (TIS has no τ_p: the
-    default run's τ_p 4 is left behind, not refused)."""
-    from copc_core.config import with_overrides
-    from copc_core.methods import has_band, method_names, preset
-
-    if base is None or method is None or method == base.method.name or method not in method_names():
-        return base
-    lacks = {f"method.{b}": None for b in ("tau_policy", "tau_advantage") if not has_band(preset(method), b)}
-    return with_overrides(base, lacks)
+    return build_run_config(config, flags, task, base=base and with_method(base, flags.get("method.name")))
 
 
 def _run_presets() -> str:

@@ -73,9 +73,10 @@ class TrainParams(BaseModel):
     def run_config(self) -> RunConfig:
         """The run's config: `config` or the preset, with the overrides applied (re-validated)."""
         from copc_core.config import with_overrides
-        from copc_core.run_presets import run_preset
+        from copc_core.run_presets import run_preset, with_method
 
-        return with_overrides(self.config if self.config is not None else run_preset(self.preset), self.overrides)
+        base = self.config if self.config is not None else run_preset(self.preset)
+        return with_overrides(with_method(base, self.overrides.get("method.name")), self.overrides)
 
 
 class SweepParams(BaseModel):

@@ -349,6 +349,7 @@ def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
     short = TrainParams(preset="embedded-search", overrides={"method.name": "tis", "train.staleness": 4})
     expected = run_preset("embedded-search").model_dump()
     expected["method"]["name"], expected["train"]["staleness"] = "tis", 4
+    expected["method"]["tau_policy"] = expected["method"]["tau_advantage"] = None  # TIS has neither band
     assert short.run_config().model_dump() == expected
     whole = TrainParams(config=tiny_config(steps=2), overrides={"train.seed": 7})
     assert whole.run_config().train.steps == 2 and whole.run_config().train.seed == 7

@@ -366,15 +366,15 @@ def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_
     db = tmp_path / "mlflow.db"
     seen = []  # (status, reward/mean points) of the trial's run, polled while the sweep runs
     deadline = time.time() + 600
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     while proc.poll() is None and time.time() < deadline:
         time.sleep(1)
-        if not db.exists():
+        try:  # the sweep opens its study after it made its MLflow store: a second client must not make it too
+            optuna.load_study(study_name="live", storage=storage)
+        except Exception:  # not yet
             continue
-        try:
-            client = MlflowClient(f"sqlite:///{db}")
-            runs = client.search_runs(["1"], "tags.copc_kind = 'trial'")
-        except Exception:  # the store is being created
-            continue
+        client = MlflowClient(f"sqlite:///{db}")
+        runs = client.search_runs(["1"], "tags.copc_kind = 'trial'")
         if runs:
             points = client.get_metric_history(runs[0].info.run_id, "reward/mean")
             seen.append((runs[0].info.status, len(points)))
