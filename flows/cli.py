@@ -20,6 +20,13 @@ from sweeps.space import Sampler
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
 
 
+@app.callback()
+def _quiet_mlflow_links() -> None:
+    """MLflow's client prints "View run … at: <URL>" as a run ends, a URL that opens in its GenAI view: copc prints
+    its own links (the training view); the flow runs `copc serve` starts inherit this."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)

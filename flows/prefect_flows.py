@@ -80,8 +80,8 @@ class TrainParams(BaseModel):
 
 
 class SweepParams(BaseModel):
-    """One sweep: a preset and the axes to change (the short form a person fills in from the UI), or a whole space
-    and base config in its place (the advanced fields at the end)."""
+    """A sweep: pick a preset, change any of its axes (empty or None keeps the preset's), run. The presets, their
+    axes and steps: `copc sweep --help` and sweeps/presets.py; the last fields replace a whole space or config."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
@@ -107,7 +107,9 @@ class SweepParams(BaseModel):
     seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(
         default_factory=list, description="e.g. [0, 1, 2] (empty: the preset's)"
     )
-    steps: Optional[int] = Field(None, ge=1, le=1_000_000, description="learner steps per trial")
+    steps: Optional[int] = Field(
+        None, ge=1, le=1_000_000, description="learner steps per trial (None: the preset's; embedded-default 200)"
+    )
     max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
     sampler: Sampler = "grid"
     overrides: dict[str, OverrideValue] = Field(
@@ -115,8 +117,10 @@ class SweepParams(BaseModel):
     )
     space: Optional[SweepSpace] = Field(None, description="a whole search space in place of the preset's (advanced)")
     base: Optional[RunConfig] = Field(None, description="a whole base RunConfig in place of the preset's (advanced)")
-    storage: Optional[str] = None
-    tracking_uri: Optional[str] = None
+    storage: Optional[str] = Field(None, description="Optuna storage URL (default: SQLite in the data folder)")
+    tracking_uri: Optional[str] = Field(
+        None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI of `copc serve`, else the data folder)"
+    )
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
@@ -181,9 +185,10 @@ def _data(path: Optional[str]) -> pathlib.Path:
     return data_dir()
 
 
-@task(retries=2, retry_delay_seconds=2)
 def publish_markdown(key: str, markdown: str, description: str) -> None:
-    """Idempotent I/O (an artifact write): the only kind of task that retries."""
+    """An artifact of the flow run this is called in (a new version of `key` replaces what the UI shows): written
+    from the flow itself, not a task, so that the Artifacts tab files it under the flow run and the run graph has no
+    node for it."""
     create_markdown_artifact(key=key, markdown=markdown, description=description)
 
 
@@ -300,7 +305,13 @@ def copc_sweep(params: SweepParams) -> dict:
     logger = get_run_logger()
     name, space, base = params.resolved()
     nodes = _TrialNodes()
-    hooks = SweepHooks(say=logger, warm_start=warm_start_node, trial_started=nodes.started, trial_ended=nodes.ended)
+    hooks = SweepHooks(
+        say=logger,
+        warm_start=warm_start_node,
+        opened=lambda url: publish_markdown("copc-sweep", _running_markdown(name, url), "joint sweep (running)"),
+        trial_started=nodes.started,
+        trial_ended=nodes.ended,
+    )
     try:
         result = run_sweep(
             space,
@@ -338,6 +349,16 @@ def copc_sweep(params: SweepParams) -> dict:
         "tracking_uri": result.tracking_uri,
         "best_per_level": best,
     }
+
+
+def _running_markdown(name: str, runs_url: str) -> str:
+    """The sweep's artifact while it runs: where to watch it (replaced by the table when it ends)."""
+    charts = runs_url + "&compareRunsMode=CHART"
+    return (
+        f"### Sweep {name} (running)\n\nMLflow: [the sweep's runs]({runs_url}) (each trial's run from its start, its "
+        f"curves growing while it trains), [charts: objective against the bands]({charts}). The per-cell table and "
+        "the report's path replace this when the sweep ends."
+    )
 
 
 def _sweep_markdown(

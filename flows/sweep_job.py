@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from copc_core.config import RunConfig
+from copc_core.config import RunConfig, with_overrides
 from copc_core.results import TrialResult
 from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
@@ -37,6 +37,7 @@ class SweepHooks:
 
     say: logging.Logger | logging.LoggerAdapter = log  # a line per trial, and the sweep's state
     warm_start: Callable[[list[RunConfig], pathlib.Path], None] | None = None  # builds the warm starts (else here)
+    opened: Callable[[str], None] | None = None  # (URL of the sweep's runs in MLflow's UI) once it exists
     trial_started: Callable[[str], None] | None = None  # (run name) as its trial starts
     trial_ended: Callable[[str, TrialResult | BaseException], None] | None = None  # (run name, result or error)
 
@@ -65,8 +66,11 @@ def run_sweep(
     (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     sweep = open_study(name, storage, sampler)
     name_objective(sweep, objective_name(space))
-    parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": base.model_dump(mode="json")})
+    # the base's steps are the space's (a trial runs space.steps): logged so, not as the base config says
+    logged_base = with_overrides(base, {"train.steps": space.steps}).model_dump(mode="json")
+    parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": logged_base})
     tracker.sweep_view(name)  # the runs view every link to the sweep opens
+    _announce(sweep, tracker, name, space, hooks)
     outcomes = _run_pending(_Sweep(space, name, base, data, sweep, tracker, parent, max_parallel, hooks))
     mine = {point_key(p) for p in space.grid()}
     complete = [
@@ -81,6 +85,25 @@ def run_sweep(
         table=sweep_rows(sweep.study, space),
     )
     return SweepResult(sweep.study, outcomes, best, parent, storage, tracker.uri, tracker.experiment_id)
+
+
+def _announce(sweep, tracker, name: str, space: SweepSpace, hooks: SweepHooks) -> None:
+    """Where to watch the sweep, said as it starts: a log line, the hook, and the Optuna study's attributes (which
+    optuna-dashboard shows on the study's page)."""
+    from infra.tracking import sweep_url
+    from reports.build import mlflow_ui_for
+
+    url = sweep_url(mlflow_ui_for(tracker.uri), tracker.experiment_id, name)
+    hooks.say.info(f"MLflow: the sweep's runs at {url}")
+    if hooks.opened is not None:
+        hooks.opened(url)
+    for key, value in {
+        "mlflow_runs": url,
+        "objective": objective_name(space),
+        "points": len(space.grid()),
+        "steps_per_trial": space.steps,
+    }.items():
+        sweep.study.set_user_attr(key, value)
 
 
 def warm_cache(configs: list[RunConfig], cache: pathlib.Path, on_warm=None) -> None:

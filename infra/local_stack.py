@@ -163,6 +163,8 @@ class LocalStack:
             self.procs.append(prefect)
             mlflow = subprocess.Popen(
                 self.mlflow_command(),
+                # MLflow 3.17 starts job consumers for GenAI scorers by default: 7 processes, ~2.3 GB, none used here
+                env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                 stdout=open(logs / "mlflow.log", "ab"),
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,

@@ -78,7 +78,9 @@ def run_trials(
     start = on_start or (lambda i: None)
     queue = [i for i, c in enumerate(configs) if c.train.eta is None]
     bounded = [i for i, c in enumerate(configs) if c.train.eta is not None]
-    limit = max_parallel or len(queue) or 1
+    # no more in flight than Ray can run at once: a trial's MLflow run and flow-run node start when it is submitted,
+    # and a task queued inside Ray would read as running while it waits
+    limit = max_parallel or max(1, int(ray.cluster_resources().get("CPU", 1)))
     refs: dict = {}
     results: list[TrialResult | BaseException | None] = [None] * len(configs)
 

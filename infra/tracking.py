@@ -153,6 +153,18 @@ class Tracker:
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=run_params(config, label))
         self.client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
+        t = config.train
+        warmup = (
+            f"{t.critic_warmup_steps} value-only critic warm-up steps come first (no curves yet), then "
+            if t.critic_warmup_steps
+            else ""
+        )
+        self.client.set_tag(
+            run_id,
+            "mlflow.note.content",
+            f"{run_name}: {warmup}{t.steps} learner steps, evaluated every {t.eval_every}; the curves grow from the "
+            "first learner step while it trains (refresh the page).",
+        )
         return run_id
 
     def finish_trial(self, run_id: str, result: TrialResult) -> None:

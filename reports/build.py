@@ -55,7 +55,7 @@ def build_report(
         title=f"COPC sweep report: {', '.join(sweeps)}",
         runs=runs,
         curves=curves_frame(found["trials"]),
-        sources={"MLflow": tracking_uri, "run links": ui},
+        sources={"MLflow": tracking_uri} | ({} if ui == tracking_uri else {"run links": ui}),
         parent_links=[
             (
                 p["sweep"],

@@ -138,8 +138,8 @@ def _summary(
                     if len(itr)
                     else "—"
                 ),
-                "reversals": f"{int(cpl['significant_reversal'].sum())} significant, "
-                f"{int(cpl['reversal'].sum())} point / {len(cpl)}"
+                "reversals": f"{int(cpl['reversal'].sum())} of {len(cpl)} 2×2 sub-grids "
+                f"({int(cpl['significant_reversal'].sum())} significant)"
                 if len(cpl)
                 else "—",
                 "seeds": int(scored.groupby(["tau_policy", "tau_advantage"])["seed"].nunique().min())
@@ -223,7 +223,7 @@ def _header(data: ReportData, t: _Tables) -> list[str]:
     ]
     if data.parent_links:
         parts.append(
-            '<p class="note">the sweeps\' runs in MLflow: '
+            '<p class="note">runs in MLflow: '
             + ", ".join(f"{_link(runs, name)} ({_link(charts, 'charts')})" for name, runs, charts in data.parent_links)
             + "</p>"
         )
@@ -478,7 +478,8 @@ def _all_runs_section(data: ReportData, t: _Tables) -> list[str]:
         "<p class=\"note\">Critic EV: the share of the returns' variance the critic's values explain, "
         "1 − Var(return − value) / Var(return): 1 is a perfect critic, 0 no better than predicting the mean return, "
         "below 0 (in red) worse than that, as a critic that has not learned yet is. After warm-up: at the last of "
-        "the value-only warm-up steps (— without a warm-up); at step 1: at the first policy update. Train collapse: "
+        "the value-only warm-up steps (— without a warm-up), the same for every cell of a seed (the warm-up runs "
+        "before any policy step, so the bands do not touch it); at step 1: at the first policy update. Train collapse: "
         "the collapse rule on the training reward's 5-step mean (— when it did not fire).</p>",
     ]
 

@@ -76,7 +76,9 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
                 times = [(t.name, t.start_time.timestamp(), t.end_time.timestamp()) for t in tasks if t.end_time]
                 print("NODE_TIMES", json.dumps(dict((n, [a, b]) for n, a, b in times)))
                 print("PROGRESS", json.dumps([a.data for a in arts if a.key == "warm-start"]))
-                print("ARTIFACT", json.dumps([a.data for a in arts if a.key == "copc-sweep"]))
+                sweep_arts = sorted((a for a in arts if a.key == "copc-sweep"), key=lambda a: a.created)
+                print("ARTIFACT", json.dumps([a.data for a in sweep_arts]))
+                print("ARTIFACT_RUNS", json.dumps([str(a.flow_run_id) == str(run.id) for a in sweep_arts]))
                 # a caller of the API may not choose where files are written
                 evil = run_deployment("copc-report/report", timeout=300, parameters={{"params": {{
                     "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
@@ -97,7 +99,10 @@ def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
             times = json.loads(out.stdout.split("NODE_TIMES ")[1].splitlines()[0])
             assert "warm start (SFT)" in times, times
             assert json.loads(out.stdout.split("PROGRESS ")[1].splitlines()[0]) == [100.0]
-            (artifact,) = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
+            # the artifact says where to watch the sweep as it starts, then holds its table; both are the flow run's
+            running, artifact = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
+            assert "(running)" in running and "viewStateShareKey=" in running, running
+            assert json.loads(out.stdout.split("ARTIFACT_RUNS ")[1].splitlines()[0]) == [True, True]
             assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
             assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
             assert "EVIL FAILED" in out.stdout and not (tmp_path.parent / "evil").exists()
