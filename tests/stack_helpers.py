@@ -88,3 +88,15 @@ def mlflow_server(data: pathlib.Path):
             log.close()
 
     return serve()
+
+
+def start_dashboard(data: pathlib.Path, port: int) -> subprocess.Popen:
+    """`copc dashboard` over `data`'s Optuna storage on a loopback port (its output on pipes, as text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
+        cwd=ROOT,
+        env=dict(os.environ, COPC_DATA_DIR=str(data)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -15,7 +15,7 @@ from copc_core.results import TrialResult
 from sweeps.space import SweepSpace, objective_name
 from sweeps.study import name_objective, open_study, pending_points, run_study
 from tests.browser import page_text, require_chromium, screenshot, severe_errors, wait_for
-from tests.stack_helpers import ROOT, free_port
+from tests.stack_helpers import ROOT, free_port, start_dashboard
 from tests.test_sweeps import summary
 
 require_chromium()
@@ -59,14 +59,7 @@ def test_the_study_page_draws_history_importance_and_parallel_coordinates_and_gr
     told = _tell(storage, space)
     assert told == 10
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
-        cwd=ROOT,
-        env=dict(os.environ, COPC_DATA_DIR=str(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_dashboard(tmp_path, port)
     try:
         base = f"http://127.0.0.1:{port}/dashboard"
         wait_for(browser, lambda d: d.get(base) or "dash" in page_text(d), 120, "the study list")
@@ -132,14 +125,7 @@ def test_an_older_study_is_named_with_the_command_that_migrates_it(tmp_path):
 
     def dashboard_warnings() -> str:
         port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_dashboard(tmp_path, port)
         deadline = time.monotonic() + 120
         out = ""
         while "optuna-dashboard of" not in out and time.monotonic() < deadline and proc.poll() is None:

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from infra.local_stack import LocalStack, ServerDownError, wait_healthy
 from tests.conftest import tiny_config
-from tests.stack_helpers import free_port, stack_env, start_serve, start_up
+from tests.stack_helpers import free_port, stack_env, start_dashboard, start_serve, start_up
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -284,15 +284,7 @@ def test_copc_dashboard_serves_the_sweeps_studies_on_loopback_and_stops_on_sigte
         lambda ps, on_result: on_result(0, TrialResult(summary(0.625), objective=0.625)),
     )
     port = free_port()
-    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "dashboard", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_dashboard(tmp_path, port)
     try:
         deadline = time.time() + 120
         while not _listening(port):
