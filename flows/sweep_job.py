@@ -209,11 +209,11 @@ def _train_points(s: _Sweep, batch: list[dict[str, Any]], tell) -> None:
     """Train `batch` as Ray trials: each gets its MLflow run as it starts (its curves stream there), is scored,
     finished in MLflow and told to Optuna (`tell`) as it ends."""
     from infra.sweep_runs import run_trials
-    from infra.tracking import machine_tags
+    from infra.tracking import machine_tags, stream_every_s
 
     configs = [s.space.run_config(s.base, p) for p in batch]
     names = [point_label(p, s.space.schedule) for p in batch]
-    machine = machine_tags()
+    machine, every_s = machine_tags(), stream_every_s()
     run_ids: dict[int, str] = {}
     bar = _Bar("trials", "run")
     done_count = [0]
@@ -222,7 +222,7 @@ def _train_points(s: _Sweep, batch: list[dict[str, Any]], tell) -> None:
         run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i]["method"], machine)
         if s.hooks.trial_started is not None:
             s.hooks.trial_started(names[i])
-        return {"uri": s.tracker.uri, "run_id": run_ids[i]}
+        return {"uri": s.tracker.uri, "run_id": run_ids[i], "every_s": every_s}
 
     def done(i: int, outcome: TrialResult | BaseException) -> None:  # track in MLflow, then tell Optuna
         if i not in run_ids:  # it failed before it started

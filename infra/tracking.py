@@ -10,6 +10,7 @@ Default store: SQLite under the data folder; `MLFLOW_TRACKING_URI` or an explici
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import platform
@@ -341,6 +342,19 @@ def step_metrics(records: list[dict[str, float]]) -> list[Metric]:
     ]
 
 
+def stream_every_s() -> float:
+    """Seconds between a training run's metric sends to MLflow: `COPC_MLFLOW_STREAM_S` (default 5; a remote store
+    under load may want more, a test less)."""
+    text = os.environ.get("COPC_MLFLOW_STREAM_S", "5")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"COPC_MLFLOW_STREAM_S must be a number of seconds ≥ 0, got {text!r}")
+    return value
+
+
 class MetricStream:
     """A training run's step records sent to its MLflow run while it trains (from the process that trains it), at most
     every `every_s` seconds, so its curves grow in the UI. `send(history, evals)` takes the run's record lists as
@@ -351,7 +365,7 @@ class MetricStream:
     def __init__(self, uri: str, run_id: str, every_s: float = 5.0):
         self.client, self.run_id, self.every_s = MlflowClient(uri), run_id, every_s
         self.sent = [0, 0]  # history, evals records sent
-        self.last = time.monotonic()
+        self.last = -math.inf  # the first step goes out at once: the curve starts with the run
         self.error: str | None = None
 
     def send(self, history: list[dict[str, float]], evals: list[dict[str, float]], force: bool = False) -> None:

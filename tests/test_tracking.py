@@ -1,5 +1,6 @@
 """infra/tracking: a trial's run streamed while it trains, then finished; nothing logged twice, nothing lost."""
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from copc_core.results import TrialResult
@@ -49,3 +50,16 @@ def test_a_store_that_refuses_the_stream_stops_it_and_the_finished_run_gets_ever
     tracker.finish_trial(run_id, TrialResult(summary(0.5), history, evals, objective=0.5, streamed=sent))
     steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "reward/mean"))
     assert steps == [1, 2, 3, 4]
+
+
+def test_the_stream_interval_is_read_from_the_environment_and_a_bad_one_refused(monkeypatch):
+    from infra.tracking import stream_every_s
+
+    monkeypatch.delenv("COPC_MLFLOW_STREAM_S", raising=False)
+    assert stream_every_s() == 5.0
+    monkeypatch.setenv("COPC_MLFLOW_STREAM_S", "0.5")
+    assert stream_every_s() == 0.5
+    for bad in ("-1", "nan", "inf", "soon"):
+        monkeypatch.setenv("COPC_MLFLOW_STREAM_S", bad)
+        with pytest.raises(ValueError, match="COPC_MLFLOW_STREAM_S"):
+            stream_every_s()
