@@ -1,7 +1,7 @@
 """The regime's validation and claims tables, from the sweep's runs in MLflow (as the report reads them).
 
     python -m bench.regime_tables [--sweep regime-tool-math] [--tracking-uri URI] [--seeds 0-4]
-                                  [--tau-advantage 1.25,inf]
+                                  [--tau-advantage 1.25,inf] [--long]
 
 Per (method, k): runs, final held-out accuracy and area under the curve (mean ± sd over seeds),
 collapses, the realised lag in optimizer updates, and the per-token behavior-ratio distribution
@@ -21,9 +21,9 @@ import pandas as pd
 from copc_core.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
-from reports.analysis import paired_difference, selection_free_scores
+from reports.analysis import late_half_auc, late_stage, paired_difference, selection_free_scores, survival
 from reports.claims import claim_tables, roles
-from reports.frames import runs_frame
+from reports.frames import curves_frame, runs_frame
 
 
 def _ms(values: pd.Series) -> str:
@@ -163,6 +163,62 @@ def confirmation_table(runs: pd.DataFrame, reference: str, n_boot: int = 2000) -
     return "\n".join(lines)
 
 
+def _survival_at(surv: pd.DataFrame, step: int) -> float:
+    """A Kaplan–Meier curve's value at `step` (the last change at or before it); NaN past its longest run."""
+    return float(surv[surv["step"] <= step]["surviving"].iloc[-1]) if step <= surv["step"].max() else math.nan
+
+
+def _ci(mean: float, low: float, high: float, sign: str = "+") -> str:
+    """`+0.12 [+0.05, +0.20]`; no interval where none could be drawn (one seed)."""
+    text = f"{mean:{sign}.2f}"
+    return text + (f" [{low:{sign}.2f}, {high:{sign}.2f}]" if math.isfinite(low) else "")
+
+
+def long_table(runs: pd.DataFrame, curves: pd.DataFrame, marks: tuple[int, ...] = (300, 600, 1000)) -> str:
+    """The long study's read-outs (docs/RESULTS.md "2026-12-06: the long study"): per (method, k), collapses and
+    their steps, the share not yet collapsed at `marks`, final accuracy, final − peak and late-half AUC; then each
+    COPC reading minus each other method, paired by seed, on final accuracy and late-half AUC."""
+    scored = runs[runs["scored"]]
+    late, surv = late_stage(scored, curves), survival(scored)
+    lines = [
+        "| method | k | runs | collapsed (steps) | not collapsed at "
+        + " / ".join(f"{m:,}" for m in marks)
+        + " | final | final − peak [95 % CI] | late-half AUC [95 % CI] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in late.itertuples():
+        s = surv[(surv["method"] == r.method) & (surv["staleness"] == r.staleness)]
+        g = scored[(scored["method"] == r.method) & (scored["staleness"] == r.staleness)]
+        lines.append(
+            f"| {r.method} | {r.staleness} | {r.n_runs} | {r.collapsed}"
+            + (f" ({r.collapse_steps})" if r.collapsed else "")
+            + " | "
+            + " / ".join(f"{v:.2f}" if math.isfinite(v) else "—" for v in (_survival_at(s, m) for m in marks))
+            + f" | {_ms(g['final_accuracy'])}"
+            + f" | {_ci(r.final_minus_peak, r.final_minus_peak_low, r.final_minus_peak_high)}"
+            + f" | {_ci(r.late_auc, r.late_auc_low, r.late_auc_high, '')} |"
+        )
+    evals = curves[curves["metric"] == "eval/accuracy"]
+    by_run = dict(tuple(evals.groupby("run_id")))
+    scored = scored.assign(
+        late_auc=[late_half_auc(by_run.get(r.run_id, evals.iloc[:0]), r.steps) for r in scored.itertuples()]
+    )
+    readings = sorted(m for m in scored["method"].unique() if m.startswith("copc"))
+    for k, at in scored.groupby("staleness", sort=True):
+        for metric, name in (("final_accuracy", "final accuracy"), ("late_auc", "late-half AUC")):
+            others = sorted(set(at["method"]) - set(readings))
+            lines += ["", f"Each reading minus each method at k = {k}, {name}, paired by seed [95 % CI] (seeds):", ""]
+            lines += ["| reading | " + " | ".join(others) + " |", "|---|" + "---|" * len(others)]
+            for reading in readings:
+                mine = at[at["method"] == reading].set_index("seed")[metric]
+                cells = []
+                for other in others:
+                    n, mean, low, high = paired_difference(mine, at[at["method"] == other].set_index("seed")[metric])
+                    cells.append(f"{_ci(mean, low, high)} ({n})" if n else "—")
+                lines.append(f"| {reading} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _seeds(text: str) -> list[int]:
     """'0-4' or '0,1,2' → seeds."""
     if "-" in text:
@@ -199,11 +255,14 @@ def main() -> None:
         "--confirm", type=_seeds, default=None, help="fresh seeds (e.g. 5-9): only the confirmation table of their runs"
     )
     parser.add_argument(
+        "--long", action="store_true", help="the long study's read-outs only: survival, final − peak, late-half AUC"
+    )
+    parser.add_argument(
         "--reference", default=f"copc[{COPC_READING}]", help="the method the confirmation compares with each other one"
     )
     args = parser.parse_args()
     uri = tracking_uri(data_dir(), args.tracking_uri)
-    found = read_sweeps(uri, [args.sweep], [])
+    found = read_sweeps(uri, [args.sweep], ["eval/accuracy"] if args.long else [])
     runs = runs_frame(found["trials"], found["experiment_id"], "http://127.0.0.1:5000")
     if args.confirm is not None:
         runs = runs[runs["seed"].isin(args.confirm)]
@@ -212,6 +271,10 @@ def main() -> None:
         return
     if args.seeds is not None:
         runs = runs[runs["seed"].isin(args.seeds)]
+    if args.long:
+        print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
+        print(long_table(runs, curves_frame(found["trials"])))
+        return
     if args.tau_advantage is not None:
         runs = cut_grids(runs, args.tau_advantage)
     print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")

@@ -14,11 +14,13 @@ R_ij = Y_ij − Ȳ_i· − Ȳ_·j + Ȳ: the share of the between-cell variation 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from reports import schema
 
@@ -276,6 +278,111 @@ def step_times(runs: pd.DataFrame, baseline: str = "async_ppo") -> pd.DataFrame:
     ]
     means = means.astype({"staleness": "int64", "n_runs": "int64"})
     return schema.validate(means, schema.STEP_TIMES, "step_times")
+
+
+# ---------------------------------------------------------------- late in training
+
+
+def _time_to_collapse(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per run: the step it collapsed at (the event), or the step it ended at without one (right-censored)."""
+    ended = runs["steps"].to_numpy(float)
+    step = np.where(runs["collapsed"] & runs["collapse_step"].notna(), runs["collapse_step"], ended)
+    return step.astype(float), ~runs["collapsed"].to_numpy(bool)
+
+
+def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """Kaplan–Meier estimate, per (method, k), of the share of scored runs not yet collapsed at each learner step
+    (scipy.stats.ecdf over right-censored times: a run that did not collapse is censored where it ended), with its
+    pointwise interval. Each curve starts at step 0 with every run and ends at its longest run."""
+    scored = runs[runs["scored"] & (runs["steps"] > 0)]
+    rows = []
+    for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
+        times, censored = _time_to_collapse(g)
+        rows.append(dict(method=method, staleness=k, step=0, surviving=1.0, low=1.0, high=1.0, at_risk=len(g)))
+        if (~censored).any():
+            fit = stats.ecdf(stats.CensoredData.right_censored(times, censored)).sf
+            ci = fit.confidence_interval(level, method="log-log")
+            for step, value, low, high in zip(
+                fit.quantiles, fit.probabilities, ci.low.probabilities, ci.high.probabilities
+            ):
+                if (times[~censored] == step).any():  # a step where a run collapsed (censoring steps change nothing)
+                    rows.append(
+                        dict(
+                            method=method,
+                            staleness=k,
+                            step=int(step),
+                            surviving=float(value),
+                            low=float(low),
+                            high=float(high),
+                            at_risk=int((times >= step).sum()),
+                        )
+                    )
+        last = rows[-1]
+        end = int(times.max())
+        if last["step"] < end:
+            rows.append(last | {"step": end, "at_risk": int((times >= end).sum())})
+    if not rows:
+        return schema.empty(schema.SURVIVAL)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "step": "int64", "at_risk": "int64"})
+    return schema.validate(frame, schema.SURVIVAL, "survival")
+
+
+def late_half_auc(curve: pd.DataFrame, steps: int) -> float:
+    """Held-out accuracy's area over the second half of a run (evaluations at steps ≥ steps / 2), per step: the
+    trapezoid over those evaluations divided by the steps they span (one evaluation: its value)."""
+    late = curve[curve["step"] >= steps / 2].sort_values("step")
+    if late.empty:
+        return math.nan
+    x, y = late["step"].to_numpy(float), late["value"].to_numpy(float)
+    return float(y[0]) if len(x) == 1 else float(np.trapezoid(y, x) / (x[-1] - x[0]))
+
+
+def _mean_interval(values: np.ndarray, key: tuple, level: float) -> tuple[float, float, float]:
+    """The mean and its BCa bootstrap interval (scipy), its random stream drawn from the row's own key; no interval
+    under two values, the point itself when every value is equal."""
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(values.mean())
+    if len(values) < 2 or np.ptp(values) == 0:
+        return (mean, math.nan, math.nan) if len(values) < 2 else (mean, mean, mean)
+    rng = np.random.default_rng(list(hashlib.sha256(repr(key).encode()).digest()[:8]))
+    ci = stats.bootstrap((values,), np.mean, confidence_level=level, n_resamples=N_BOOT, method="BCa", random_state=rng)
+    return mean, float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+
+
+def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """Per (method, k): collapses and their steps, final − peak held-out accuracy and the late-half AUC
+    (`late_half_auc`), seed means with BCa intervals."""
+    scored = runs[runs["scored"] & (runs["steps"] > 0)]
+    evals = curves[curves["metric"] == "eval/accuracy"]
+    by_run = {run_id: g for run_id, g in evals.groupby("run_id")}
+    rows = []
+    for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
+        lost = (g["final_accuracy"] - g["peak_accuracy"]).to_numpy(float)
+        late = np.array([late_half_auc(by_run.get(r.run_id, evals.iloc[:0]), r.steps) for r in g.itertuples()])
+        loss, loss_low, loss_high = _mean_interval(lost, ("final-peak", method, k), level)
+        auc, auc_low, auc_high = _mean_interval(late, ("late-auc", method, k), level)
+        steps = sorted(int(s) for s in g.loc[g["collapsed"], "collapse_step"].dropna())
+        rows.append(
+            dict(
+                method=method,
+                staleness=k,
+                n_runs=len(g),
+                collapsed=int(g["collapsed"].sum()),
+                collapse_steps=", ".join(map(str, steps)),
+                final_minus_peak=loss,
+                final_minus_peak_low=loss_low,
+                final_minus_peak_high=loss_high,
+                late_auc=auc,
+                late_auc_low=auc_low,
+                late_auc_high=auc_high,
+            )
+        )
+    if not rows:
+        return schema.empty(schema.LATE)
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_runs": "int64", "collapsed": "int64"})
+    return schema.validate(frame, schema.LATE, "late")
 
 
 # ---------------------------------------------------------------- claims free of selection

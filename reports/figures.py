@@ -439,3 +439,36 @@ def parallel_coordinates(runs: pd.DataFrame) -> go.Figure:
     )
     fig.update_layout(title=f"{len(runs)} scored runs, objective first (drag along an axis to filter)", height=480)
     return fig
+
+
+def survival_curves(surv: pd.DataFrame) -> go.Figure:
+    """Kaplan–Meier curves (analysis.survival): the share of each method's runs not yet collapsed against the learner
+    step, one panel per lag k, one line per method (COPC's readings thicker); hover gives the interval and the runs
+    still at risk."""
+    ks = sorted(surv["staleness"].unique())
+    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    colors = _colors([(m,) for m in surv["method"]])
+    for col, k in enumerate(ks, start=1):
+        for method, g in surv[surv["staleness"] == k].groupby("method", sort=True):
+            name = html.escape(method)
+            fig.add_trace(
+                go.Scatter(
+                    x=g["step"].tolist(),
+                    y=g["surviving"].tolist(),
+                    mode="lines+markers",
+                    line={"shape": "hv", "color": colors[(method,)], "width": 3 if method.startswith("copc") else 1.5},
+                    marker={"size": 5},
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    customdata=np.column_stack([g["low"], g["high"], g["at_risk"]]),
+                    hovertemplate=f"{name}<br>step %{{x}}: %{{y:.2f}} not collapsed "
+                    "[%{customdata[0]:.2f}, %{customdata[1]:.2f}], %{customdata[2]} runs at risk<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(title_text="learner step", row=1, col=col)
+    fig.update_yaxes(title_text="share of runs not yet collapsed", range=[-0.02, 1.05], row=1, col=1)
+    fig.update_layout(title="Survival: runs not yet collapsed (Kaplan–Meier)", height=440, margin={"t": 80})
+    return fig

@@ -123,6 +123,7 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
                 },
                 "staleness": _int(p.get("train.eta" if bounded else "train.staleness")),
                 "seed": _int(p.get("train.seed")),
+                "steps": _int(p.get("train.steps")),
                 "scored": bool(math.isfinite(objective)),
                 "collapsed": bool(m.get("summary/collapsed", 0.0) > 0.5),
                 "collapse_reason": tags.get("collapse_reason", "None") if "summary/collapsed" in m else "not run",
@@ -134,7 +135,7 @@ def runs_frame(trials: list[dict[str, Any]], experiment_id: str, mlflow_ui: str)
         )
     if not rows:
         return schema.empty(schema.RUNS)
-    frame = pd.DataFrame(rows).astype({"staleness": "int64", "seed": "int64"})
+    frame = pd.DataFrame(rows).astype({"staleness": "int64", "seed": "int64", "steps": "int64"})
     frame = frame.sort_values(["sweep", "method", "staleness", "tau_policy", "tau_advantage", "seed"], kind="stable")
     return schema.validate(frame.reset_index(drop=True), schema.RUNS, "runs")
 

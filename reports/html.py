@@ -169,6 +169,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "diagnostics": "One line per run. An ESS near 1 and a small masked or clipped fraction mean the stale batches are "
     "close to on-policy; spikes in the grad norm or the per-step KL warn before accuracy falls; a critic explained "
     "variance below 0 is worse than predicting the mean return.",
+    "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
+    "collapsed by that learner step, Kaplan–Meier style — a run that never collapsed counts until it ended. Lines on "
+    "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval.",
     "step-time": "Bars: seconds per learner step, averaged over the runs of each method, k and runtime; whiskers: "
     "the sd over those runs (none for a single run).",
 }
@@ -184,6 +187,7 @@ class _Tables:
     region: pd.DataFrame
     methods: pd.DataFrame
     times: pd.DataFrame
+    late: pd.DataFrame
 
 
 def render(data: ReportData, plotly_src: str | None = None) -> str:
@@ -197,6 +201,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         region=analysis.high_performing_region(cells),
         methods=analysis.method_comparison(runs, cells),
         times=analysis.step_times(runs, data.baseline),
+        late=analysis.late_stage(runs, data.curves),
     )
     sections = (
         _header,
@@ -207,6 +212,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         _every_run_section,
         _methods_section,
         _curves_section,
+        _late_section,
         _step_time_section,
         _all_runs_section,
     )
@@ -401,6 +407,36 @@ def _curves_section(data: ReportData, t: _Tables) -> list[str]:
         "between two evaluations that the held-out rule cannot.</p>",
         "<h2>Stability diagnostics</h2>",
         figure_div(figures.diagnostics(data.runs, data.curves), "diagnostics", HOW_TO_READ["diagnostics"]),
+    ]
+
+
+def _late_section(data: ReportData, t: _Tables) -> list[str]:
+    """Late training: survival against the learner step, and what each method lost from its peak and kept late."""
+    if t.late.empty:
+        return []
+
+    def interval(column: str) -> Callable[[Any], str]:
+        return lambda r: f"{num(r[column])} [{num(r[column + '_low'])}, {num(r[column + '_high'])}]"
+
+    return [
+        "<h2>Late in training: survival, final − peak, late-half AUC</h2>",
+        figure_div(figures.survival_curves(analysis.survival(data.runs)), "survival", HOW_TO_READ["survival"]),
+        table(
+            t.late,
+            [
+                ("method", "method", lambda r: html.escape(r["method"])),
+                ("staleness", "k", None),
+                ("n_runs", "runs", None),
+                ("collapsed", "collapsed", None),
+                ("collapse_steps", "at steps", lambda r: html.escape(r["collapse_steps"]) or "—"),
+                ("final_minus_peak", "final − peak [95 % CI]", interval("final_minus_peak")),
+                ("late_auc", "late-half AUC [95 % CI]", interval("late_auc")),
+            ],
+            "late",
+        ),
+        '<p class="note">final − peak: held-out accuracy at the end minus its best evaluation, seed mean (0: nothing '
+        "lost). Late-half AUC: the held-out accuracy averaged over the second half of each run's steps. Intervals: "
+        "BCa bootstrap over the runs of the row (scipy); none with one run.</p>",
     ]
 
 

@@ -30,6 +30,7 @@ RUNS = {
     "has_tau_advantage": "bool",
     "staleness": "int",
     "seed": "int",
+    "steps": "int",  # learner steps the run was set to train (-1: not logged)
     "scored": "bool",  # the run finished training and has an objective
     "objective": "float",
     "final_accuracy": "float",
@@ -179,6 +180,30 @@ BIAS_VARIANCE = {
     "variance": "float",
     "amplification": "float",
     "mse": "float",
+}
+
+SURVIVAL = {  # Kaplan–Meier: the share of a method's runs not yet collapsed, per (method, k), a row per step it changes
+    "method": "str",
+    "staleness": "int",
+    "step": "int",
+    "surviving": "float",
+    "low": "float",  # 95 % pointwise interval (scipy's ecdf, log-log)
+    "high": "float",
+    "at_risk": "int",  # runs neither collapsed nor ended before this step
+}
+
+LATE = {  # per (method, k): what happens late in training
+    "method": "str",
+    "staleness": "int",
+    "n_runs": "int",
+    "collapsed": "int",
+    "collapse_steps": "str",  # the collapsed runs' steps, ascending
+    "final_minus_peak": "float",  # seed mean of final − peak held-out accuracy (≤ 0: how much was lost)
+    "final_minus_peak_low": "float",
+    "final_minus_peak_high": "float",
+    "late_auc": "float",  # seed mean of the held-out accuracy's area over the second half of training, per step
+    "late_auc_low": "float",
+    "late_auc_high": "float",
 }
 
 OPTIMA = {"staleness": "float", "metric": "str", "tau_advantage": "float", "best_tau_policy": "float", "value": "float"}

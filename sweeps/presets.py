@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from copc_core import run_presets
 from copc_core.config import RunConfig, SearchTaskConfig
-from copc_core.methods import METHODS, has_band
+from copc_core.methods import METHODS, has_band, preset
 from sweeps.space import SweepSpace, SweptMethod
 
 CLAIMS_TAU_POLICY = [1.5, 2.0, 4.0]
@@ -63,6 +63,42 @@ EMBEDDED_SPACE = SweepSpace(
     steps=EMBEDDED_CELL["train.steps"],
 )
 
+# The long study (docs/RESULTS.md "2026-12-06: the long study — written before it ran"): claim (c) where the paper
+# puts it, late in training. Each reading of COPC at one cell, fixed from the 300-step study before any long run: the
+# cell leave-one-seed-out chose most often on seeds 0–4 at 64 updates of lag over the reading's 12 cells (τ_p ∈ {1.5,
+# 4} × τ_a ∈ {1, 1.1, 1.25, 1.5, 2, ∞}; the "cell chosen per seed" columns of RESULTS.md); every lagged baseline of the
+# registry; 1,000 learner steps; seeds 100–104, which no run of the study used. 64 updates (k = 32) only: the
+# 300-step record does not print the 16-update choices of every reading (see the docs).
+LONG_STEPS = 1000
+LONG_SEEDS = [100, 101, 102, 103, 104]
+LONG_CELLS = {  # task → reading → (τ_p, τ_a), at k = 32
+    "tool-math": {"recomputed": (4.0, 1.25), "behavior": (1.5, 1.5), "interpolated": (4.0, 1.25)},
+    "search": {"recomputed": (4.0, 1.0), "behavior": (4.0, 1.5), "interpolated": (4.0, 1.5)},
+}
+
+
+def long_space(task: str) -> SweepSpace:
+    return SweepSpace(
+        methods=[
+            *(
+                SweptMethod(name="copc", anchor=reading, tau_policy=[tp], tau_advantage=[ta])
+                for reading, (tp, ta) in LONG_CELLS[task].items()
+            ),
+            *(
+                SweptMethod(name=m)
+                for m, row in METHODS.items()
+                if not m.startswith("copc")
+                and not preset(m).on_policy
+                and not has_band(row, "tau_policy")
+                and not has_band(row, "tau_advantage")
+            ),
+        ],
+        staleness=[32],
+        seeds=LONG_SEEDS,
+        steps=LONG_STEPS,
+    )
+
+
 PRESETS: dict[str, tuple[SweepSpace, RunConfig]] = {
     "embedded-default": (EMBEDDED_SPACE, REGIME_BASE),
     "claims-tool-math": (CLAIMS_SPACE, RunConfig()),
@@ -71,6 +107,9 @@ PRESETS: dict[str, tuple[SweepSpace, RunConfig]] = {
     # (`--methods`, `--seeds`, ...) session by session; the study keeps what is done
     "regime-tool-math": (REGIME_SPACE, REGIME_BASE),
     "regime-search": (REGIME_SPACE, REGIME_SEARCH_BASE),
+    # the long study: 1,000 steps, 5 fresh seeds; `--methods` runs a slice of it first (the strongest baselines)
+    "regime-tool-math-long": (long_space("tool-math"), REGIME_BASE),
+    "regime-search-long": (long_space("search"), REGIME_SEARCH_BASE),
 }
 
 

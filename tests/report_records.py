@@ -22,6 +22,7 @@ def trial(
     train_s: float = 0.4,
     sweep: str = "synthetic",
     fail_reason: str | None = None,
+    steps: int = 50,
 ) -> dict:
     params = {
         "method.name": method,
@@ -29,6 +30,7 @@ def trial(
         "method.tau_advantage": str(ta),
         "train.staleness": str(k),
         "train.seed": str(seed),
+        "train.steps": str(steps),
     }
     tags = {
         "copc_kind": "trial",

@@ -63,3 +63,32 @@ def test_lag_table_pairs_each_baseline_by_seed_between_consecutive_lags():
     low, high = (float(x) for x in body[0].split("[")[1].split("]")[0].split(", "))
     assert -0.60 <= low <= -0.59 <= high <= -0.58
     assert lag_table(runs[runs["staleness"] != 32]) == ""  # one nonzero lag: nothing to pair
+
+
+def test_long_table_reads_survival_losses_and_paired_late_differences():
+    from bench.regime_tables import long_table
+    from reports.frames import curves_frame
+    from tests.report_records import curve, trial
+    from tests.test_reports import frame, late_records
+
+    # late_records: copc (two of five collapsed at 300 and 700, one run of 500 steps) and tis (three, none);
+    # a COPC reading on tis's seeds whose held-out accuracy is 0.1 lower at every evaluation
+    lower = curve(range(0, 1001, 100), [s / 1000 - 0.1 for s in range(0, 1001, 100)])
+    records = late_records() + [
+        trial(
+            f"b{i}", 4.0, 1.5, 32, 100 + i, 0.6, method="copc[behavior]", steps=1000, history={"eval/accuracy": lower}
+        )
+        for i in range(3)
+    ]
+    text = long_table(frame(records), curves_frame(records))
+    first = text.split("\n\n")[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in first.splitlines() if line.startswith("| ")}
+    # Kaplan–Meier at 300 / 600 / 1,000: 4/5, 4/5, 4/5 · 2/3 (derived in tests/test_reports.py)
+    assert "| 2 (300, 700) | 0.80 / 0.80 / 0.53 |" in rows["copc"]
+    assert "| 0 | 1.00 / 1.00 / 1.00 |" in rows["tis"] and "| 0.75 [0.75, 0.75] |" in rows["tis"]
+    # the reading minus tis, paired on seeds 100–102: final accuracy 0.6 − 0.7, late-half AUC exactly −0.1
+    finals, lates = text.split("final accuracy, paired")[1].split("late-half AUC, paired")
+    behavior_final = next(line for line in finals.splitlines() if line.startswith("| copc[behavior] |"))
+    behavior_late = next(line for line in lates.splitlines() if line.startswith("| copc[behavior] |"))
+    assert behavior_final.endswith("| -0.10 [-0.10, -0.10] (3) |")  # the last column is tis
+    assert behavior_late.endswith("| -0.10 [-0.10, -0.10] (3) |")

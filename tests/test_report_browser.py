@@ -219,3 +219,38 @@ def test_the_report_reads_right_at_1400_px_and_says_when_plotly_js_is_missing(br
         "d.innerText.includes('not drawn')).length"
     )
     assert unshown == figures
+
+
+def test_late_training_section_draws_the_survival_steps_and_the_collapse_table(browser, tmp_path):
+    """The long study's panel as a person sees it: each method's survival line drawn through the Kaplan–Meier steps
+    (derived by hand in tests/test_reports.py), the collapse steps and intervals in the table beside it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from reports.frames import curves_frame
+    from reports.html import ReportData
+    from tests.test_reports import frame, late_records
+
+    records = late_records()
+    path = tmp_path / "late.html"
+    path.write_text(render(ReportData("Late", frame(records), curves_frame(records), n_boot=200)), encoding="utf-8")
+    browser.get(path.as_uri())
+    WebDriverWait(browser, 60).until(
+        lambda d: d.execute_script("const s = document.getElementById('survival'); return !!(s && s._fullLayout)")
+    )
+    lines = browser.execute_script(
+        "return document.getElementById('survival')._fullData"
+        ".map(t => [t.name, Array.from(t.x), Array.from(t.y).map(v => Math.round(v * 1e6) / 1e6)])"
+    )
+    assert lines == [["copc", [0, 300, 700, 1000], [1, 0.8, 0.533333, 0.533333]], ["tis", [0, 1000], [1, 1]]]
+    drawn = browser.execute_script(
+        "return document.querySelectorAll('#survival .scatterlayer .trace path.js-line').length"
+    )
+    assert drawn == 2
+    text = browser.find_element(By.ID, "late").text
+    assert "300, 700" in text and "-0.100 [-0.100, -0.100]" in text
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    browser.execute_script("document.getElementById('survival').scrollIntoView()")
+    shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "late.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

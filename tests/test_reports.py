@@ -519,3 +519,79 @@ def test_a_band_of_infinity_is_named_and_a_band_the_method_lacks_is_not():
     assert names == {"copc τp=∞ τa=2", "copc τp=1.5 τa=2", "tis"}
     page = render(ReportData(title="t", runs=runs, curves=curves_frame(records), n_boot=50))
     assert "copc τp=∞ τa=2" in page and "copc τa=2" not in page
+
+
+# ---------------------------------------------------------------- late in training (the long study)
+
+
+def late_records() -> list[dict]:
+    """Two methods at k = 32. `copc`: five 1,000-step runs, two collapsed (steps 300, 700), one of the other three
+    ended at step 500 without collapsing. `tis`: three runs, none collapsed. Held-out accuracy every 100 steps."""
+    rising = curve(range(0, 1001, 100), [s / 1000 for s in range(0, 1001, 100)])
+    out = []
+    for i, (collapse, steps) in enumerate([(300, 1000), (700, 1000), (None, 500), (None, 1000), (None, 1000)]):
+        out.append(
+            trial(
+                f"c{i}",
+                4.0,
+                1.0,
+                32,
+                100 + i,
+                0.0 if collapse else 0.6,
+                collapsed=collapse is not None,
+                collapse_step=collapse,
+                steps=steps,
+                history={"eval/accuracy": rising[: steps // 100 + 1]},
+            )
+        )
+    for i in range(3):
+        out.append(
+            trial(f"t{i}", INF, 2.0, 32, 100 + i, 0.7, method="tis", steps=1000, history={"eval/accuracy": rising})
+        )
+    return out
+
+
+def test_survival_is_kaplan_meier_over_runs_censored_where_they_ended():
+    surv = analysis.survival(frame(late_records()))
+    copc = surv[surv["method"] == "copc"]
+    # Kaplan–Meier by hand: 5 at risk at step 300, one collapses → 4/5; the 500-step run leaves the risk set without
+    # an event; 3 at risk at step 700, one collapses → 4/5 · 2/3; it stays there to the longest run's end
+    assert copc["step"].tolist() == [0, 300, 700, 1000]
+    assert copc["surviving"].tolist() == pytest.approx([1.0, 0.8, 0.8 * 2 / 3, 0.8 * 2 / 3], abs=1e-12)
+    assert copc["at_risk"].tolist() == [5, 5, 3, 2]
+    assert (copc["low"] <= copc["surviving"]).all() and (copc["surviving"] <= copc["high"]).all()
+    assert copc["low"].iloc[1] < 0.8 < copc["high"].iloc[1]  # an interval, not a point, once a run collapsed
+    tis = surv[surv["method"] == "tis"]
+    assert tis["step"].tolist() == [0, 1000] and tis["surviving"].tolist() == [1.0, 1.0]
+
+
+def test_late_half_auc_is_the_mean_accuracy_over_the_second_half():
+    # accuracy = step / 1000, evaluated every 100 steps: over steps 500..1000 its mean is (0.5 + 1.0) / 2
+    rising = pd.DataFrame({"step": range(0, 1001, 100), "value": [s / 1000 for s in range(0, 1001, 100)]})
+    assert analysis.late_half_auc(rising, 1000) == pytest.approx(0.75, abs=1e-12)
+    assert analysis.late_half_auc(rising[rising["step"] <= 500], 1000) == pytest.approx(0.5)  # one evaluation
+    assert math.isnan(analysis.late_half_auc(rising[rising["step"] < 500], 1000))  # none in the second half
+
+
+def test_late_stage_counts_collapses_and_gives_intervals_per_method():
+    runs, curves = frame(late_records()), curves_frame(late_records())
+    late = analysis.late_stage(runs, curves).set_index("method")
+    assert late.loc["copc", "collapsed"] == 2 and late.loc["copc", "collapse_steps"] == "300, 700"
+    assert late.loc["tis", "collapsed"] == 0 and late.loc["tis", "collapse_steps"] == ""
+    # the records' peak is final + 0.1 for every run: final − peak is −0.1 everywhere, its interval a point
+    assert late.loc["copc", ["final_minus_peak", "final_minus_peak_low", "final_minus_peak_high"]].tolist() == (
+        pytest.approx([-0.1, -0.1, -0.1])
+    )
+    # late-half AUC per run: 0.75 for the 1,000-step runs; the 500-step run's second half is steps 300..500: 0.4
+    assert late.loc["copc", "late_auc"] == pytest.approx((4 * 0.75 + 0.4) / 5)
+    assert late.loc["copc", "late_auc_low"] < late.loc["copc", "late_auc"] < late.loc["copc", "late_auc_high"]
+    assert late.loc["tis", "late_auc"] == pytest.approx(0.75)
+    again = analysis.late_stage(runs, curves)  # each row's bootstrap stream is its own: the same on every call
+    pd.testing.assert_frame_equal(again, analysis.late_stage(runs, curves))
+    # adding a method does not move another method's interval
+    more = late_records() + [
+        trial("v0", INF, INF, 32, 100, 0.1, method="vtrace", steps=1000),
+        trial("v1", INF, INF, 32, 101, 0.3, method="vtrace", steps=1000),
+    ]
+    grown = analysis.late_stage(frame(more), curves_frame(more)).set_index("method")
+    assert grown.loc["copc", "late_auc_low"] == late.loc["copc", "late_auc_low"]

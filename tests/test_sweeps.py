@@ -707,3 +707,62 @@ def test_a_study_with_unbounded_bands_is_refused_then_migrated_in_place_keeping_
     _dashboard_json(storage, "old")  # strict JSON now
     assert migrate_study("old", storage) == 3  # a second migration changes nothing
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["old"]
+
+
+def _chosen_per_seed(results: str, heading: str, k: int) -> dict[str, list[tuple[float, float]]]:
+    """The 'cell chosen per seed' column of the leave-one-seed-out table under `heading` in docs/RESULTS.md:
+    reading → the (τ_p, τ_a) chosen for each held-out seed (a band left out of the text is ∞)."""
+    import re
+
+    section = results.split(heading, 1)[1].split("\n### ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        m = re.match(rf"\| copc\[(\w+)\] \| {k} \| [^|]+\| [^|]+\| (0: τ_p [^|]+) \|", line)
+        if m:
+            cells = [re.match(r"\d: τ_p ([\d.]+)(?: τ_a ([\d.]+))?$", c.strip()) for c in m.group(2).split(";")]
+            out[m.group(1)] = [(float(c.group(1)), float(c.group(2) or "inf")) for c in cells]
+    return out
+
+
+def test_the_long_study_runs_each_reading_at_the_cell_the_300_step_study_chose_most_often():
+    """The long presets' cells are fixed from the 300-step record before any long run: per task and reading, the cell
+    leave-one-seed-out chose most often over the 12-cell grid at 64 updates (ties would have to be named: none)."""
+    import collections
+    import pathlib
+
+    from sweeps.presets import LONG_CELLS, LONG_SEEDS, PRESETS
+
+    results = (pathlib.Path(__file__).parent.parent / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    headings = {
+        "tool-math": "### Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
+        "search": "### Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
+    }
+    for task, heading in headings.items():
+        chosen = _chosen_per_seed(results, heading, 32)
+        assert sorted(chosen) == ["behavior", "interpolated", "recomputed"], (task, chosen)
+        for reading, picks in chosen.items():
+            (top, n), *rest = collections.Counter(picks).most_common()
+            assert len(picks) == 5 and (not rest or rest[0][1] < n), (task, reading, picks)  # a unique mode
+            assert LONG_CELLS[task][reading] == top, (task, reading)
+        space, base = PRESETS[f"regime-{task}-long"]
+        assert base == PRESETS[f"regime-{task}"][1] and space.steps == 1000 and space.staleness == [32]
+        assert not set(LONG_SEEDS) & set(range(10)) and space.seeds == LONG_SEEDS  # seeds the study never ran
+        copc = {
+            p["method"]: (p["tau_policy"], p["tau_advantage"]) for p in space.grid() if p["method"].startswith("copc")
+        }
+        assert copc == {f"copc[{r}]": cell for r, cell in LONG_CELLS[task].items()}
+        baselines = {p["method"] for p in space.grid()} - set(copc)
+        assert "cispo" in baselines and "tis" in baselines and "sync_ppo" not in baselines and len(baselines) == 13
+
+
+def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_defaults():
+    from sweeps.presets import PRESETS
+    from sweeps.space import with_axes
+
+    space = with_axes(PRESETS["regime-search-long"][0], methods="copc[behavior],tis,copc")
+    assert [(m.key, m.tau_policy, m.tau_advantage) for m in space.methods] == [
+        ("copc[behavior]", [4.0], [1.5]),
+        ("tis", None, None),
+        ("copc", None, None),  # not in the preset: the registry's defaults
+    ]
+    assert len(space.grid()) == 3 * 5 and space.steps == 1000
