@@ -58,11 +58,11 @@ def _prefect_api():
 def _servers_up(tracking_uri: Optional[str], mlflow: bool = True) -> None:
     """A clear exit 2 when a configured MLflow or Prefect server is down, before anything starts."""
     from infra.local_stack import ServerDownError, require_servers
-    from infra.settings import data_dir
+    from infra.settings import data_root
     from infra.tracking import tracking_uri as resolve
 
-    try:
-        require_servers(resolve(data_dir(), tracking_uri) if mlflow else None)
+    try:  # the URI only: no folder is made before there is something to write
+        require_servers(resolve(data_root(), tracking_uri) if mlflow else None)
     except ServerDownError as err:
         _fail(str(err))
 
@@ -574,12 +574,12 @@ def report(
         )
     except ValidationError as err:
         _fail(_validation_message(err))
-    from infra.settings import data_dir
+    from infra.settings import data_root
     from infra.tracking import read_sweeps
     from infra.tracking import tracking_uri as default_uri
 
-    try:  # fail before Prefect starts when there is nothing to report
-        read_sweeps(default_uri(data_dir(), tracking_uri), params.sweeps, [])
+    try:  # fail before Prefect starts, and before any folder is made, when there is nothing to report
+        read_sweeps(default_uri(data_root(), tracking_uri), params.sweeps, [])
     except LookupError as err:
         _fail(str(err))
     from flows.prefect_flows import copc_report
@@ -710,9 +710,14 @@ def dashboard(
     ),
     host: str = typer.Option("127.0.0.1", help="interface to bind (loopback by default; the dashboard has no auth)"),
     port: int = typer.Option(8080, min=1, max=65535, help="port"),
+    allowed_hosts: Optional[str] = typer.Option(
+        None, help="comma-separated host names the browser may use besides loopback and --host (DNS-rebinding check)"
+    ),
 ) -> None:
     """Serve the sweeps' Optuna studies with optuna-dashboard: every trial's point, objective, final and peak
-    accuracy, collapse and MLflow run id. Ctrl-C or SIGTERM stops it."""
+    accuracy, collapse and MLflow run id. Requests for another Host, and changes from another origin, are refused
+    (optuna-dashboard has no such check). Ctrl-C or SIGTERM stops it."""
+    from infra.local_stack import serve_wsgi
     from infra.settings import data_dir
 
     if storage is None:
@@ -728,7 +733,7 @@ def dashboard(
             err=True,
         )
     import optuna
-    from optuna_dashboard import run_server
+    from optuna_dashboard import wsgi
 
     try:
         rdb = optuna.storages.RDBStorage(storage)
@@ -738,7 +743,7 @@ def dashboard(
     typer.echo(f"optuna-dashboard of {storage} on http://{host}:{port}/ (Ctrl-C stops it)")
     _stoppable()
     try:
-        run_server(rdb, host=host, port=port)
+        serve_wsgi(wsgi(rdb), host, port, tuple(h.strip() for h in (allowed_hosts or "").split(",") if h.strip()))
     except KeyboardInterrupt:
         typer.echo("copc dashboard: stopped", err=True)
     except OSError as err:
@@ -795,7 +800,10 @@ def up(
     ),
     mlflow_cors_origins: Optional[str] = typer.Option(None, help="MLflow --cors-allowed-origins"),
     mlflow_basic_auth: bool = typer.Option(
-        False, help="MLflow's basic-auth app (it creates an admin user on first start: change its password)"
+        False,
+        help="MLflow's basic-auth app: users in <data>/mlflow-auth.db; the first start needs "
+        "MLFLOW_AUTH_ADMIN_PASSWORD (the admin user's); clients export MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD",
     ),
 ) -> None:
     """Start a local Prefect server and MLflow server, print their URLs, stop both on Ctrl-C (or SIGTERM).
@@ -804,10 +812,16 @@ def up(
     command does, however it ends."""
 
     from infra.local_stack import LOOPBACK, LocalStack
-    from infra.settings import data_dir
+    from infra.settings import data_dir, data_root
 
     if prefect_auth is not None and ":" not in prefect_auth:
         _fail("--prefect-auth must be 'user:password'")
+    first_auth_start = not LocalStack(data_root()).auth_store().exists()
+    if mlflow_basic_auth and first_auth_start and not os.environ.get("MLFLOW_AUTH_ADMIN_PASSWORD"):
+        _fail(
+            "--mlflow-basic-auth: set MLFLOW_AUTH_ADMIN_PASSWORD; MLflow creates its admin user with it on first start "
+            "(clients then export MLFLOW_TRACKING_USERNAME=admin MLFLOW_TRACKING_PASSWORD=…)"
+        )
     if host not in LOOPBACK:
         typer.secho(
             f"warning: binding {host}: the servers are reachable from other machines. "

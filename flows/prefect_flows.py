@@ -46,6 +46,19 @@ def _confined(field: str, kind: str):
 OverrideValue = Union[bool, int, float, str, None]
 
 
+def _no_null_bands(overrides: dict[str, OverrideValue]) -> dict[str, OverrideValue]:
+    """A band set to null is refused: JSON has no ∞ or NaN, and an `Infinity`, `-Infinity` or `NaN` in a request body
+    (or a float('inf') a Python client sends) reaches the flow as null, which would run the method's default band
+    without a word. ∞ goes as the string "inf"; the default, by leaving the key out."""
+    for key in ("method.tau_policy", "method.tau_advantage"):
+        if key in overrides and overrides[key] is None:
+            raise ValueError(
+                f'overrides: {key} is null (a JSON Infinity or NaN arrives as null): give a number ≥ 1, "inf" for no '
+                "band, or leave the key out for the method's default"
+            )
+    return overrides
+
+
 class TrainParams(BaseModel):
     """One run: a preset and a few dotted overrides (a short form), or a whole RunConfig."""
 
@@ -61,6 +74,7 @@ class TrainParams(BaseModel):
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
 
     _data_dir = _confined("data_dir", "path")
+    _bands = field_validator("overrides")(classmethod(lambda cls, v: _no_null_bands(v)))
 
     @model_validator(mode="after")
     def _overrides_apply(self) -> TrainParams:
@@ -126,6 +140,7 @@ class SweepParams(BaseModel):
     _data_dir = _confined("data_dir", "path")
     _storage = _confined("storage", "store")
     _tracking = _confined("tracking_uri", "store")
+    _bands = field_validator("overrides")(classmethod(lambda cls, v: _no_null_bands(v)))
 
     @model_validator(mode="after")
     def _resolves(self) -> SweepParams:

@@ -94,6 +94,12 @@ def _read_verified(path: pathlib.Path) -> dict:
         ) from err
 
 
+def has_checkpoint(path: pathlib.Path) -> bool:
+    """Whether there is anything to resume from at `path`: the checkpoint, or the one it replaced (`*.prev.pt`, which
+    `load_checkpoint` falls back to with a warning when the newer one is missing or damaged)."""
+    return pathlib.Path(path).exists() or previous_path(pathlib.Path(path)).exists()
+
+
 def load_checkpoint(path: pathlib.Path) -> dict:
     """The newest verified checkpoint at `path`, falling back to `*.prev.pt` with a warning."""
     path = pathlib.Path(path)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from copc_core.config import RunConfig
 from copc_core.stability import RunSummary
 from copc_core.trainer import Trainer
-from infra.checkpoints import cached_warm_start, load_checkpoint, save_checkpoint
+from infra.checkpoints import cached_warm_start, has_checkpoint, load_checkpoint, save_checkpoint
 from infra.settings import configure_torch_threads
 
 CHECKPOINT = "checkpoint.pt"
@@ -36,7 +36,7 @@ def train_in_process(
     warm = cached_warm_start(config, cache_dir, on_warm_start)
     trainer = Trainer(config, warm)
     checkpoint = run_dir / CHECKPOINT
-    if resume and checkpoint.exists():
+    if resume and has_checkpoint(checkpoint):
         trainer.load_state_dict(load_checkpoint(checkpoint))
     if trainer.warm_up_critic(on_critic_warmup):
         save_checkpoint(checkpoint, trainer.state_dict())  # a resumed run does not warm the critic again
@@ -97,7 +97,7 @@ def train_on_ray(
     hook = _checkpointing(checkpoint, checkpoint_every, on_step)
     t = config.train
     try:
-        if resume and checkpoint.exists():
+        if resume and has_checkpoint(checkpoint):
             trainer.load_state_dict(load_checkpoint(checkpoint))
         if trainer.warm_up_critic():
             save_checkpoint(checkpoint, trainer.state_dict())

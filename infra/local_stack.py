@@ -149,6 +149,39 @@ class LocalStack:
             cmd += ["--app-name", "basic-auth"]
         return cmd
 
+    def mlflow_env(self) -> dict[str, str]:
+        """The MLflow server's environment. MLflow 3.17 starts job consumers for GenAI scorers by default (7
+        processes, ~2.3 GB, none used here): off. With basic auth: its user store in the data folder (MLflow's own
+        default is `basic_auth.db` in the working directory), through an auth config written there; MLflow makes
+        the admin user on first start with $MLFLOW_AUTH_ADMIN_PASSWORD; its CSRF secret
+        ($MLFLOW_FLASK_SERVER_SECRET_KEY, required) is made once and kept there too, unless the caller sets one."""
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        if self.mlflow_basic_auth:
+            from mlflow.server import auth
+
+            ini = self.data / "mlflow-auth.ini"
+            shipped = (pathlib.Path(auth.__file__).parent / "basic_auth.ini").read_text()
+            ini.write_text(
+                shipped.replace("sqlite:///basic_auth.db", f"sqlite:///{self.auth_store()}"), encoding="utf-8"
+            )
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
+            env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", self._secret_key())
+        return env
+
+    def _secret_key(self) -> str:
+        """The key MLflow's auth app signs its CSRF tokens with: made once, kept in the data folder (owner-only)."""
+        import secrets
+
+        path = self.data / "mlflow-secret-key"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(secrets.token_hex(32), encoding="utf-8")
+        return path.read_text(encoding="utf-8").strip()
+
+    def auth_store(self) -> pathlib.Path:
+        """Where MLflow's basic-auth app keeps its users."""
+        return self.data / "mlflow-auth.db"
+
     def __enter__(self) -> LocalStack:
         logs = self.data / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -163,8 +196,7 @@ class LocalStack:
             self.procs.append(prefect)
             mlflow = subprocess.Popen(
                 self.mlflow_command(),
-                # MLflow 3.17 starts job consumers for GenAI scorers by default: 7 processes, ~2.3 GB, none used here
-                env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                env=self.mlflow_env(),
                 stdout=open(logs / "mlflow.log", "ab"),
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
@@ -241,3 +273,53 @@ def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.
         else:
             os.environ["PREFECT_API_URL"] = previous
         stack.stop(grace_s=10)
+
+
+class HostCheck:
+    """WSGI middleware against DNS rebinding and cross-site requests, for a server that has no such check of its own
+    (optuna-dashboard): a request is refused (403) unless its Host names this server (a loopback name, the bound
+    address, or one of `allowed`), and a request that can change something (any method but GET, HEAD, OPTIONS) is
+    refused unless its Origin, when sent, is this server's own."""
+
+    SAFE = ("GET", "HEAD", "OPTIONS")
+
+    def __init__(self, app, bound: str, allowed: tuple[str, ...] = ()):
+        self.app = app
+        self.hosts = {h.lower().strip("[]") for h in (*LOOPBACK, bound, *allowed)}
+
+    def _host_name(self, host: str) -> str:
+        host = host.strip().lower()
+        if host.startswith("["):  # [::1]:8080
+            return host[1 : host.find("]")] if "]" in host else host
+        return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+    def __call__(self, environ, start_response):
+        host = environ.get("HTTP_HOST", "")
+        origin = environ.get("HTTP_ORIGIN")
+        why = None
+        if self._host_name(host) not in self.hosts:
+            why = f"Host {host!r} is not this server's (allowed: {', '.join(sorted(self.hosts))})"
+        elif environ.get("REQUEST_METHOD", "GET") not in self.SAFE and origin is not None:
+            own = {f"{scheme}://{host.lower()}" for scheme in ("http", "https")}
+            if origin.lower() not in own:
+                why = f"a {environ.get('REQUEST_METHOD')} from another origin ({origin!r})"
+        if why is None:
+            return self.app(environ, start_response)
+        body = f"refused: {why}\n".encode()
+        start_response(
+            "403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+        )
+        return [body]
+
+
+def serve_wsgi(app, host: str, port: int, allowed_hosts: tuple[str, ...] = ()) -> None:
+    """Serve `app` behind `HostCheck` on host:port until interrupted (wsgiref, as optuna-dashboard's own
+    `run_server` does; its request log stays quiet)."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    with make_server(host, port, HostCheck(app, host, allowed_hosts), handler_class=Quiet) as server:
+        server.serve_forever()

@@ -41,16 +41,29 @@ def inside_data_folder(path: str | os.PathLike, what: str) -> pathlib.Path:
 
 
 def confined_store_uri(uri: str, what: str) -> str:
-    """A store URI for a flow parameter: a SQLite or file store must lie inside the data folder; a server
-    (http(s), PostgreSQL, MySQL) is the caller's to name."""
-    for prefix in ("sqlite:///", "file://"):
-        if uri.startswith(prefix):
-            inside_data_folder(uri[len(prefix) :], what)
-            return uri
-    if "://" not in uri:  # a bare path is a file store
-        inside_data_folder(uri, what)
-        return uri
-    if uri.split("://", 1)[0].lower() not in (
+    """A store URI for a flow parameter, rewritten to the absolute file it names: a SQLite or file store must lie
+    inside the data folder (a relative path is read against the data folder, never the server's working directory;
+    SQLite's URI mode and query strings are refused: they can name another file); a server (http(s), PostgreSQL,
+    MySQL) is the caller's to name."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme == "sqlite":
+        from sqlalchemy.engine import make_url
+
+        try:
+            url = make_url(uri)
+        except Exception as err:
+            raise OutsideDataFolderError(f"{what}: not a store URL: {uri!r} ({err})") from None
+        if url.host or url.query or not url.database or url.database.startswith("file:") or "?" in url.database:
+            raise OutsideDataFolderError(
+                f"{what}: a SQLite store is sqlite:///<file> with no URI mode or options (got {uri!r})"
+            )
+        return f"sqlite:///{inside_data_folder(url.database, what)}"
+    if scheme == "file" or not scheme:
+        path = uri[len("file://") :] if scheme else uri
+        if "?" in path or "#" in path:
+            raise OutsideDataFolderError(f"{what}: a file store is a plain path (got {uri!r})")
+        return f"file://{inside_data_folder(path, what)}" if scheme else str(inside_data_folder(path, what))
+    if scheme not in (
         "http",
         "https",
         "postgresql",

@@ -242,7 +242,8 @@ def with_axes(
     steps: int | None = None,
 ) -> SweepSpace:
     """`space` with the axes given replaced (`copc sweep`'s flags, the Prefect form's fields), re-validated; band values
-    apply to every method of the sweep that has that band; `methods` naming a method of the space keeps its bands. Raises ValueError naming what is wrong."""
+    apply to every method of the sweep that has that band; `methods` naming a method of the space keeps its bands.
+    Raises ValueError naming what is wrong."""
     data = space.model_dump(mode="json")
     if methods is not None:  # a method the space has keeps its entry (its bands: a preset's cells); a new one, defaults
         has = {m.key: m.model_dump(mode="json") for m in space.methods}

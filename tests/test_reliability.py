@@ -191,6 +191,38 @@ def test_invalid_cli_input_exits_2_before_anything_is_written(case):
 POISONED_STEP = 2  # the third learner update (0-based) receives the poison
 
 
+def test_a_missing_checkpoint_resumes_from_the_previous_one_with_a_warning(tiny_warm_state, tmp_path):
+    """`checkpoint.pt` gone, `checkpoint.prev.pt` there: the run retrained from step 0 without a word. It resumes from
+    the previous checkpoint, says so, and ends where an uninterrupted run ends."""
+    from infra.checkpoints import previous_path
+    from infra.local_run import train_in_process
+    from tests.test_trainer import strip_times
+
+    class Stop(Exception):
+        pass
+
+    cfg = tiny_config(steps=4)
+    straight = train_in_process(cfg, tmp_path / "straight", tmp_path / "cache")
+
+    def stop_after_two(trainer, metrics):  # checkpoints after steps 1 and 2 are on disk when it stops
+        if trainer.step == 2:
+            raise Stop
+
+    run = tmp_path / "run"
+    with pytest.raises(Stop):
+        train_in_process(cfg, run, tmp_path / "cache", checkpoint_every=1, on_step=stop_after_two)
+    (run / "checkpoint.pt").unlink()
+    assert previous_path(run / "checkpoint.pt").exists()
+    steps = []
+    with pytest.warns(RuntimeWarning, match=r"checkpoint\.pt is unusable \(missing\); resuming from the previous one"):
+        resumed = train_in_process(cfg, run, tmp_path / "cache", on_step=lambda t, m: steps.append(t.step))
+    assert steps == [2, 3, 4]  # from the state after step 1, not from step 0
+    timing = {k for k in type(resumed).model_fields if k.startswith("mean_") and k.endswith("_s")}
+    assert resumed.model_dump(exclude=timing) == straight.model_dump(exclude=timing), timing
+    histories = [json.loads((d / "history.json").read_text())["steps"] for d in (run, tmp_path / "straight")]
+    assert strip_times(histories[0]) == strip_times(histories[1])
+
+
 @pytest.mark.parametrize("target", ["logp_behavior", "rewards", "values"])
 def test_non_finite_inputs_stop_the_run_by_name_and_no_nan_reaches_a_checkpoint(
     tiny_warm_state, tmp_path, monkeypatch, target
@@ -429,7 +461,7 @@ def test_bad_names_and_numbers_exit_2(tmp_path, args, needle):
 def test_a_report_of_nothing_creates_no_store(tmp_path):
     result = _cli(["report", "--sweep", "nope"], tmp_path / "data")
     assert result.exit_code == 2 and "no MLflow store" in result.output
-    assert not (tmp_path / "data" / "mlflow.db").exists()
+    assert not (tmp_path / "data").exists()  # nothing at all is written for a report of nothing
 
 
 def test_valid_edge_configs_run(tiny_warm_state):
@@ -492,6 +524,59 @@ def test_flow_path_parameters_are_confined_to_the_data_folder(tmp_path, monkeypa
         with pytest.raises(ValidationError, match="mlflow_ui"):
             ReportParams(mlflow_ui=url)
     assert not (tmp_path / "x.sh").exists()
+
+
+def test_a_band_that_arrives_as_null_is_refused_and_infinity_travels_as_text():
+    """`{"method.tau_advantage": -Infinity}` in copc-train's overrides ran with the default band: the Prefect API
+    stores parameters through orjson, which writes every non-finite float (and a bare Infinity literal it was sent)
+    as null. A null band is refused with the way to say ∞; "inf" runs ∞."""
+    import orjson
+
+    from flows.prefect_flows import SweepParams, TrainParams
+
+    for value in (float("inf"), float("-inf"), float("nan")):
+        stored = orjson.loads(orjson.dumps({"overrides": {"method.tau_advantage": value, "method.tau_policy": 2.0}}))
+        assert stored["overrides"]["method.tau_advantage"] is None  # what the flow receives
+        with pytest.raises(ValidationError, match='method.tau_advantage is null.*"inf"'):
+            TrainParams.model_validate(stored)
+        with pytest.raises(ValidationError, match="method.tau_advantage is null"):
+            SweepParams.model_validate(stored)
+    as_text = orjson.loads(orjson.dumps({"overrides": {"method.tau_advantage": "inf", "method.tau_policy": 2.0}}))
+    method = TrainParams.model_validate(as_text).run_config().method
+    assert method.tau_advantage == float("inf") and method.tau_policy == 2.0
+    assert TrainParams(overrides={"train.eta": None}).run_config().train.eta is None  # other nulls keep their meaning
+
+
+def test_a_store_url_names_a_file_inside_the_data_folder_whatever_its_form(tmp_path, monkeypatch):
+    """SQLite's URI mode (`file:…?mode=rwc&uri=true`) opened a file outside the data folder, and a relative
+    `sqlite:///rel.db` passed the check against the data folder but was opened in the server's working directory.
+    Each form is refused, or rewritten to the absolute file inside the data folder that the check saw."""
+    from flows.prefect_flows import SweepParams
+
+    data, cwd = tmp_path / "data", tmp_path / "cwd"
+    data.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("COPC_DATA_DIR", str(data))
+    monkeypatch.chdir(cwd)
+    for storage in (
+        f"sqlite:///file:{tmp_path}/o.db?mode=rwc&uri=true",
+        "sqlite:///file:o.db?mode=rwc&uri=true",
+        "sqlite:///o.db?uri=true",
+        "sqlite://host/o.db",
+        "sqlite://",
+    ):
+        with pytest.raises(ValidationError, match="storage: "):
+            SweepParams(storage=storage)
+    assert SweepParams(storage="sqlite:///rel.db").storage == f"sqlite:///{data / 'rel.db'}"
+    assert SweepParams(storage=f"sqlite:///{data}/sub/../o.db").storage == f"sqlite:///{data / 'o.db'}"
+    assert SweepParams(tracking_uri="mlruns").tracking_uri == str(data / "mlruns")
+    assert SweepParams(tracking_uri=f"file://{data}/mlruns").tracking_uri == f"file://{data / 'mlruns'}"
+    with pytest.raises(ValidationError, match="plain path"):
+        SweepParams(tracking_uri=f"file://{data}/m?x=1")
+    # what a rewritten URL opens is that file: optuna makes it there, nothing in the working directory
+    import optuna
+
+    optuna.create_study(study_name="s", storage=SweepParams(storage="sqlite:///rel.db").storage)
+    assert (data / "rel.db").exists() and list(cwd.iterdir()) == []
 
 
 @settings(max_examples=200, deadline=None)

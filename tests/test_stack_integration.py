@@ -348,3 +348,85 @@ def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(t
     after = log.read_text()[before:]  # (Prefect logs its own errors while serving, once the server is gone)
     assert "the Prefect server is gone; stopped without telling it" in after, after[-3000:]
     assert "ConnectError" not in after, after[-3000:]
+
+
+def test_mlflow_basic_auth_starts_keeps_its_users_in_the_data_folder_and_refuses_anonymous_clients(tmp_path):
+    """`copc up --mlflow-basic-auth` crashed (MLflow's auth app needs Flask-WTF; its user store is `basic_auth.db` in
+    the working directory; it needs an admin password on first start). Started as `copc up` starts it: anonymous
+    requests get 401, the admin's get 200, the users live in the data folder, nothing lands in the working directory;
+    without a password the command exits 2 saying what to set."""
+    import requests
+
+    data, cwd = tmp_path / "data", tmp_path / "cwd"
+    data.mkdir(), cwd.mkdir()
+    env = dict(os.environ, COPC_DATA_DIR=str(data), MLFLOW_AUTH_ADMIN_PASSWORD="s3cret-Passw0rd!")
+    no_password = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "up", "--mlflow-basic-auth"],
+        cwd=ROOT,
+        env={k: v for k, v in env.items() if k != "MLFLOW_AUTH_ADMIN_PASSWORD"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert no_password.returncode == 2 and "MLFLOW_AUTH_ADMIN_PASSWORD" in no_password.stderr
+    assert "Traceback" not in no_password.stderr
+    stack = LocalStack(data, "127.0.0.1", free_port(), free_port(), mlflow_basic_auth=True)
+    proc = subprocess.Popen(
+        stack.mlflow_command(),
+        cwd=cwd,
+        env=stack.mlflow_env() | env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_healthy(f"{stack.mlflow_url}/health", 180, "MLflow server", proc)
+        api = f"{stack.mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1"
+        assert requests.get(api, timeout=30).status_code == 401
+        assert requests.get(api, auth=("admin", "wrong"), timeout=30).status_code == 401
+        assert requests.get(api, auth=("admin", "s3cret-Passw0rd!"), timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert stack.auth_store().exists() and list(cwd.iterdir()) == []
+    assert (data / "mlflow-secret-key").stat().st_mode & 0o777 == 0o600  # the CSRF secret, the owner's only
+
+
+def test_copc_dashboard_refuses_another_host_and_a_cross_site_change(tmp_path):
+    """DNS rebinding: a page on evil.example that resolves to 127.0.0.1 deleted a study through `copc dashboard` (204).
+    Requests naming another Host are refused, and so are changes from another origin; the study survives, and the
+    dashboard's own page (loopback Host, its own origin) still works."""
+    import requests
+
+    from sweeps.study import open_study
+
+    open_study("keep", f"sqlite:///{tmp_path / 'optuna.db'}")
+    port = free_port()
+    proc = start_dashboard(tmp_path, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while not _listening(port):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.3)
+        evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+        assert requests.delete(f"{base}/api/studies/1", headers=evil, timeout=30).status_code == 403
+        assert (
+            requests.get(f"{base}/api/studies", headers={"Host": f"evil.example:{port}"}, timeout=30).status_code == 403
+        )
+        cross = {"Origin": "http://evil.example"}  # the right Host, a change sent from another site
+        assert requests.delete(f"{base}/api/studies/1", headers=cross, timeout=30).status_code == 403
+        assert (
+            requests.post(
+                f"{base}/api/studies", json={"study_name": "x", "directions": ["maximize"]}, headers=cross, timeout=30
+            ).status_code
+            == 403
+        )
+        (study,) = requests.get(f"{base}/api/studies", timeout=30).json()["study_summaries"]
+        assert study["study_name"] == "keep"
+        for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+            assert requests.get(f"{base}/api/studies", headers={"Host": host}, timeout=30).status_code == 200
+        own = {"Origin": base}  # the dashboard's own page renaming nothing, deleting its study: allowed
+        assert requests.delete(f"{base}/api/studies/1", headers=own, timeout=30).status_code == 204
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
