@@ -87,6 +87,12 @@ class MethodConfig(BaseModel):
         }
         return method_spec(self.name, self.tau_policy, self.tau_advantage, policy, advantage)
 
+    def spec_hash(self) -> str:
+        """sha256 (12 hex) of the resolved method (`spec()`): what a run's result depends on beyond the config's own
+        fields — its registry row's defaults and meaning. The config hash names a config; this names the method it
+        ran, so that results of a changed registry row are told apart from the new ones (sweeps/study.py)."""
+        return hashlib.sha256(json.dumps(self.spec().model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+
     def resolved_taus(self) -> tuple[float | None, float | None]:
         """(τ_p, τ_a) in effect, None where the method has no such band."""
         row = preset(self.name)

@@ -55,15 +55,31 @@ def _prefect_api():
         _fail(str(err))
 
 
-def _servers_up(tracking_uri: Optional[str], mlflow: bool = True) -> None:
-    """A clear exit 2 when a configured MLflow or Prefect server is down, before anything starts."""
+def _servers_up(tracking_uri: Optional[str], mlflow: bool = True, storage: Optional[str] = None) -> None:
+    """A clear exit 2, before anything starts, when a configured MLflow or Prefect server is down, or a SQLite store
+    the command opens (MLflow's; Optuna's `storage`) is damaged."""
     from infra.local_stack import ServerDownError, require_servers
     from infra.settings import data_root
     from infra.tracking import tracking_uri as resolve
 
-    try:  # the URI only: no folder is made before there is something to write
-        require_servers(resolve(data_root(), tracking_uri) if mlflow else None)
+    uri = resolve(data_root(), tracking_uri)  # the URI only: no folder is made before there is something to write
+    try:
+        require_servers(uri if mlflow else None)
     except ServerDownError as err:
+        _fail(str(err))
+    if mlflow:
+        _sound_store(uri, "MLflow store")
+    if storage is not None:
+        _sound_store(storage, "Optuna storage")
+
+
+def _sound_store(uri: str, what: str) -> None:
+    """Exit 2 naming the file and what to do when a SQLite store is damaged (infra.settings.check_sqlite_store)."""
+    from infra.settings import DamagedStoreError, check_sqlite_store
+
+    try:
+        check_sqlite_store(uri, what)
+    except DamagedStoreError as err:
         _fail(str(err))
 
 
@@ -509,7 +525,9 @@ def sweep(
             space.run_config(base, next(p for p in space.grid() if p["method"] == m.key))
     except ValidationError as err:
         _fail(_validation_message(err))
-    _servers_up(tracking_uri)
+    from infra.settings import data_root
+
+    _servers_up(tracking_uri, storage=storage or f"sqlite:///{data_root() / 'optuna.db'}")
     from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
 
     params = SweepParams.model_validate(
@@ -725,6 +743,7 @@ def dashboard(
         if not db.is_file():
             _fail(f"no Optuna storage at {db}: run a sweep first (or give --storage)")
         storage = f"sqlite:///{db}"
+    _sound_store(storage, "Optuna storage")
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.secho(
             f"warning: the dashboard on {host} lets anyone who reaches it read and edit the studies "
@@ -778,6 +797,7 @@ def migrate_study(
         if not db.is_file():
             _fail(f"no Optuna storage at {db}: nothing to migrate (or give --storage)")
         storage = f"sqlite:///{db}"
+    _sound_store(storage, "Optuna storage")
     try:
         count = migrate(name, storage)
     except StudyFormatError as err:

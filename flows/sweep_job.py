@@ -19,6 +19,8 @@ from sweeps.results import SweepResult, TrialOutcome
 from sweeps.space import SweepSpace, objective_name, point_label
 from sweeps.study import (
     HEARTBEAT_S,
+    METHOD_SPEC,
+    changed_definitions,
     name_objective,
     open_study,
     pending_points,
@@ -65,6 +67,7 @@ def run_sweep(
     tracker = Tracker(tracking_uri(data, tracking), artifact_dir=data / "mlartifacts")
     (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     sweep = open_study(name, storage, sampler)
+    changed_definitions(sweep, space, lambda p: space.run_config(base, p).method.spec_hash())
     name_objective(sweep, objective_name(space))
     # the base's steps are the space's (a trial runs space.steps): logged so, not as the base config says
     logged_base = with_overrides(base, {"train.steps": space.steps}).model_dump(mode="json")
@@ -154,6 +157,14 @@ class _Sweep:
     max_parallel: int | None
     hooks: SweepHooks
 
+    def spec(self, point: dict[str, Any]) -> str:
+        """The hash of the method a point runs, as this version's registry resolves it."""
+        return self.space.run_config(self.base, point).method.spec_hash()
+
+    def attrs(self, point: dict[str, Any]) -> dict[str, str]:
+        """What a point's trial records beside its point: the method it ran (sweeps.study.changed_definitions)."""
+        return {METHOD_SPEC: self.spec(point)}
+
 
 def _run_pending(s: _Sweep) -> list[TrialOutcome]:
     """Until no point is left: tell Optuna the results MLflow holds already, run the fresh points, wait for the
@@ -173,14 +184,17 @@ def _run_pending(s: _Sweep) -> list[TrialOutcome]:
     while True:
         _kill_orphans(s)
         attempted |= {point_key(p) for p in points}
-        logged = s.tracker.logged_trials(s.parent)  # results whose sweep died before telling Optuna
+        # results whose sweep died before telling Optuna (of today's definition of their method)
+        logged = s.tracker.logged_trials(s.parent, {_mlflow_key(s, p): s.spec(p) for p in points})
         recovered = [p for p in points if _mlflow_key(s, p) in logged]
         if recovered:
             s.hooks.say.info(f"{len(recovered)} result(s) found in MLflow that Optuna was not told of: told now")
-            outcomes += run_study(s.study, recovered, lambda batch, tell, got=logged: _tell_logged(s, batch, tell, got))
+            outcomes += run_study(
+                s.study, recovered, lambda batch, tell, got=logged: _tell_logged(s, batch, tell, got), s.attrs
+            )
         fresh = [p for p in points if _mlflow_key(s, p) not in logged]
         if fresh:
-            outcomes += run_study(s.study, fresh, lambda batch, tell: _train_points(s, batch, tell))
+            outcomes += run_study(s.study, fresh, lambda batch, tell: _train_points(s, batch, tell), s.attrs)
         while running_elsewhere(s.study, s.space):  # another live sweep process's points: wait, or run if it dies
             time.sleep(HEARTBEAT_S)
         points = [p for p in pending_points(s.study, s.space) if point_key(p) not in attempted]

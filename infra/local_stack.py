@@ -313,13 +313,26 @@ class HostCheck:
 
 
 def serve_wsgi(app, host: str, port: int, allowed_hosts: tuple[str, ...] = ()) -> None:
-    """Serve `app` behind `HostCheck` on host:port until interrupted (wsgiref, as optuna-dashboard's own
-    `run_server` does; its request log stays quiet)."""
+    """Serve `app` behind `HostCheck` on host:port until SIGINT or SIGTERM (wsgiref, as optuna-dashboard's own
+    `run_server` does; its request log stays quiet). The server runs in a thread and the signal only sets an event:
+    a KeyboardInterrupt raised inside a request is caught by wsgiref's error handler and the server went on serving."""
+    import threading
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
     class Quiet(WSGIRequestHandler):
         def log_message(self, *args) -> None:
             pass
 
+    stop = threading.Event()
     with make_server(host, port, HostCheck(app, host, allowed_hosts), handler_class=Quiet) as server:
-        server.serve_forever()
+        serving = threading.Thread(target=server.serve_forever, name="wsgi", daemon=True)
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        serving.start()
+        try:
+            while serving.is_alive() and not stop.wait(0.5):
+                pass
+        finally:
+            server.shutdown()
+            serving.join(timeout=30)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import sqlite3
 from typing import Literal
 
 # where a run trains: in this process, or on Ray (rollout and learner actors)
@@ -74,6 +76,31 @@ def confined_store_uri(uri: str, what: str) -> str:
     ):
         raise OutsideDataFolderError(f"{what}: unsupported scheme in {uri!r}")
     return uri
+
+
+class DamagedStoreError(RuntimeError):
+    """A SQLite store the command would open is not a sound database."""
+
+
+def check_sqlite_store(uri: str, what: str) -> None:
+    """Refuse a SQLite store (`sqlite:///<file>`) that SQLite cannot read or whose quick check fails, naming the file
+    and what to do, before anything opens it for writing; other stores, and a file not made yet, pass."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = pathlib.Path(uri[len("sqlite:///") :].split("?", 1)[0])
+    if not path.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            found = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.DatabaseError as err:
+        found = [str(err)]
+    if found != ["ok"]:
+        raise DamagedStoreError(
+            f"the {what} {path} is damaged ({found[0]}); nothing was written to it. Restore it from a backup, or "
+            f"save what SQLite can still read: sqlite3 {path} .recover | sqlite3 {path.with_suffix('.recovered.db')} "
+            f"(then move the recovered file in its place)"
+        )
 
 
 def configure_torch_threads(threads: int) -> None:

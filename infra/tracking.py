@@ -145,6 +145,7 @@ class Tracker:
             tags={
                 **kind,
                 "config_hash": config.config_hash(),
+                "method_spec": config.method.spec_hash(),  # the method as resolved (registry row included)
                 "method": label or config.method.name,
                 "tau_policy": str(tp),
                 "tau_advantage": str(ta),
@@ -234,11 +235,14 @@ class Tracker:
         )
         return runs[0].info.run_id if runs else None
 
-    def logged_trials(self, parent_id: str) -> dict[tuple[str, str], TrialResult]:
+    def logged_trials(
+        self, parent_id: str, specs: dict[tuple[str, str], str] | None = None
+    ) -> dict[tuple[str, str], TrialResult]:
         """The finished, scored child runs of a sweep's parent, by (config hash, method label) (summary as logged; no
         curves). The label is part of the key: a config names a method by its registry name, so when a preset's
         meaning changes (COPC's default reading, which its ablations follow) the hash stays and only a relabelled
-        run (scripts/relabel_trials.py) tells the old result from the new point."""
+        run (scripts/relabel_trials.py) tells the old result from the new point. A run whose `method_spec` tag
+        differs from `specs[key]` (the method as resolved today) ran another definition of it and is left out."""
         from copc_core.results import TrialResult
 
         runs = self.client.search_runs(
@@ -251,6 +255,8 @@ class Tracker:
             metrics, tags = r.data.metrics, r.data.tags
             key = (tags.get("config_hash"), tags.get("method"))
             if "summary/objective" not in metrics or "config_hash" not in tags or key in out:
+                continue
+            if specs and "method_spec" in tags and key in specs and tags["method_spec"] != specs[key]:
                 continue
             out[key] = TrialResult(
                 logged_summary(metrics, tags),

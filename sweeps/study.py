@@ -36,6 +36,7 @@ from sweeps.space import SweepSpace
 
 FAIL_REASON = "fail_reason"
 METHOD = "method"  # user attribute: the point's method (its key in the sweep space)
+METHOD_SPEC = "method_spec"  # user attribute: the hash of the resolved method the trial ran (MethodConfig.spec_hash)
 MANAGED = "heartbeat_managed"  # user attribute of every trial whose liveness the storage's heartbeat tells
 BANDS = ("tau_policy", "tau_advantage")
 INTEGERS = ("staleness", "seed")
@@ -120,6 +121,26 @@ def older_format(study: optuna.Study) -> str | None:
 
 class StudyFormatError(ValueError):
     """A study whose trials this version cannot extend."""
+
+
+def changed_definitions(sweep: SweepStudy, space: SweepSpace, spec_of: Callable[[dict[str, Any]], str]) -> None:
+    """Refuse to grow a study whose finished trials ran a method under another definition than today's (their
+    `METHOD_SPEC` differs from `spec_of(point)`: a registry row's defaults or meaning changed). Their results would be
+    mixed with new ones under one name. Trials written before methods were recorded carry no spec and pass."""
+    grid = {point_key(p): p for p in space.grid()}
+    counts: dict[str, int] = {}
+    for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        key = _trial_key(t)
+        if key in grid and METHOD_SPEC in t.user_attrs and t.user_attrs[METHOD_SPEC] != spec_of(grid[key]):
+            counts[t.user_attrs[METHOD]] = counts.get(t.user_attrs[METHOD], 0) + 1
+    if counts:
+        raise StudyFormatError(
+            f"study {sweep.study.study_name!r} holds finished trials that ran another definition of "
+            + ", ".join(f"{m} ({n} trial{'s' * (n > 1)})" for m, n in sorted(counts.items()))
+            + " than this version's registry gives (a default or the meaning of the method changed since): their "
+            "results would be mixed with new ones. Run the sweep under a new --name, or with the version that "
+            "wrote them."
+        )
 
 
 def migrate_study(name: str, storage: str) -> int:
@@ -302,10 +323,12 @@ def run_study(
     sweep: SweepStudy,
     points: list[dict[str, Any]],
     run_points: Callable[[list[dict[str, Any]], Callable[[int, TrialResult | BaseException], None]], None],
+    point_attrs: Callable[[dict[str, Any]], dict[str, str]] | None = None,
 ) -> list[TrialOutcome]:
-    """Ask one trial per point and run them (in parallel, by `run_points`); each trial is told the
-    moment its run ends (`on_result(i, result_or_exception)`, the result scored already), so a sweep
-    killed midway keeps every finished trial. Every asked trial carries a heartbeat until it is told."""
+    """Ask one trial per point (with `point_attrs(point)` as user attributes) and run them (in parallel, by
+    `run_points`); each trial is told the moment its run ends (`on_result(i, result_or_exception)`, the result scored
+    already), so a sweep killed midway keeps every finished trial. Every asked trial carries a heartbeat until it is
+    told."""
     study = sweep.study
     out: list[TrialOutcome | None] = [None] * len(points)
     with _Heartbeats(sweep) as beats:
@@ -322,11 +345,14 @@ def run_study(
             trial.set_user_attr(METHOD, p["method"])
             for band in BANDS:  # exact, as text: a number user attribute of ∞ would reach the browser as Infinity
                 trial.set_user_attr(band, str(None if p.get(band) is None else float(p[band])))
+            for key, value in (point_attrs(p) if point_attrs else {}).items():
+                trial.set_user_attr(key, value)
             trial.set_user_attr(MANAGED, True)
             trial.set_user_attr(FAIL_REASON, STALE_REASON)
             with beats.lock:
                 beats.running.add(trial_id)
             trials.append((trial, trial_id))
+        keep = _claimed(sweep, points, trials, beats)
 
         def on_result(i: int, result: TrialResult | BaseException) -> None:
             trial, trial_id = trials[i]
@@ -356,5 +382,36 @@ def run_study(
                 with beats.lock:
                     beats.running.discard(trial_id)
 
-        run_points(points, on_result)
+        if keep:
+            run_points([points[i] for i in keep], lambda j, result: on_result(keep[j], result))
     return [o for o in out if o is not None]
+
+
+TAKEN_REASON = "taken: another sweep process asked for this point first"
+
+
+def _claimed(sweep: SweepStudy, points: list[dict[str, Any]], trials: list, beats: _Heartbeats) -> list[int]:
+    """The indices of `points` this process runs. Asking a trial reserves its point; two sweep processes that found
+    the same point pending both ask, and the one whose trial came first (the lower number) keeps it: each checks after
+    its own asks, so the later asker always sees the earlier one. A point finished meanwhile is given up too. The
+    trials given up end FAIL with `TAKEN_REASON`."""
+    mine = {trial.number for trial, _ in trials}
+    others = [
+        t
+        for t in _settle(sweep) + sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.number not in mine
+    ]
+    first: dict[tuple, int] = {}
+    for t in others:
+        key = _trial_key(t)
+        if key is not None:
+            first[key] = min(first.get(key, t.number), -1 if t.state == optuna.trial.TrialState.COMPLETE else t.number)
+    keep = []
+    for i, (trial, trial_id) in enumerate(trials):
+        if first.get(point_key(points[i]), trial.number + 1) < trial.number:
+            with beats.lock:
+                beats.running.discard(trial_id)
+            sweep.fail(trial.number, TAKEN_REASON)
+        else:
+            keep.append(i)
+    return keep

@@ -23,6 +23,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from copc_core.config import RunConfig, with_overrides
@@ -456,6 +457,40 @@ def test_bad_names_and_numbers_exit_2(tmp_path, args, needle):
     assert result.exit_code == 2, result.output[-2000:]
     assert needle in result.output and "Traceback" not in result.output
     assert _nothing_written(tmp_path / "data") and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated to half", "64 KiB of random bytes"])
+def test_a_damaged_store_is_named_with_what_to_do_and_left_untouched(tmp_path, damage):
+    """mlflow.db cut to half (or random bytes) → `copc report`, optuna.db likewise → `copc sweep` and `copc dashboard`:
+    a traceback ("database disk image is malformed"), the file not named. Each exits 2 naming the file, the way to
+    recover it, and leaves its bytes as they were."""
+    import optuna
+
+    data = tmp_path / "data"
+    data.mkdir()
+    mlflow_db, optuna_db = data / "mlflow.db", data / "optuna.db"
+    MlflowClient(f"sqlite:///{mlflow_db}").create_experiment("copc")
+    optuna.create_study(study_name="s", storage=f"sqlite:///{optuna_db}")
+    sound = {db: db.read_bytes() for db in (mlflow_db, optuna_db)}
+
+    def damaged(db: pathlib.Path) -> bytes:
+        body = sound[db][: len(sound[db]) // 2] if damage.startswith("truncated") else os.urandom(64 * 1024)
+        db.write_bytes(body)
+        return body
+
+    for db, args in (
+        (mlflow_db, ["report", "--sweep", "s"]),
+        (optuna_db, ["sweep", "--name", "s", "--steps", "1", "--seeds", "0"]),
+        (optuna_db, ["dashboard", "--port", "1"]),
+        (optuna_db, ["migrate-study", "s"]),
+    ):
+        for other in sound:  # one damaged store at a time
+            other.write_bytes(sound[other])
+        body = damaged(db)
+        result = _cli(args, data)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"{db} is damaged" in result.output and ".recover" in result.output, result.output
+        assert "Traceback" not in result.output and db.read_bytes() == body  # untouched
 
 
 def test_a_report_of_nothing_creates_no_store(tmp_path):

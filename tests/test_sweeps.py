@@ -195,6 +195,51 @@ def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(t
     assert failed.user_attrs[FAIL_REASON].startswith("interrupted: its sweep process stopped")
 
 
+def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
+    """Two `copc sweep` on a grown space ran both new points each (8 COMPLETE trials for 6 points): both had listed
+    the points pending before either asked for them. Here both list them first; the one that asks first keeps them,
+    the other gives them up (its trials FAIL, saying why) and runs nothing, whichever order the checks run in."""
+    from sweeps.study import TAKEN_REASON
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = tiny_space(tau_advantage=[1.0, 2.0], staleness=[0])  # two points
+    first, second = open_study("s", storage), open_study("s", storage)
+    pending_first, pending_second = pending_points(first, space), pending_points(second, space)
+    assert pending_first == pending_second == space.grid()
+    ran: dict[str, list] = {"first": [], "second": []}
+
+    def runs(name):
+        def run_points(batch, on_result):
+            ran[name] += batch
+            if name == "first":  # the second asks while the first's trials run (it listed them pending before)
+                run_study(second, pending_second, runs("second"))
+            for i in range(len(batch)):
+                on_result(i, TrialResult(summary(0.5), objective=0.5))
+
+        return run_points
+
+    outcomes = run_study(first, pending_first, runs("first"))
+    assert ran["first"] == space.grid() and ran["second"] == [] and len(outcomes) == 2
+    trials = first.study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    taken = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(complete) == 2 and sorted(trial_point(t)["tau_advantage"] for t in complete) == [1.0, 2.0]
+    assert len(taken) == 2 and all(t.user_attrs[FAIL_REASON] == TAKEN_REASON for t in taken)
+    assert pending_points(open_study("s", storage), space) == []
+
+    # the other order: the later asker checks first (before the earlier one has checked): it still gives way
+    storage2 = f"sqlite:///{tmp_path / 'optuna2.db'}"
+    a, b = open_study("s", storage2), open_study("s", storage2)
+    pa, pb = pending_points(a, space), pending_points(b, space)
+    done_b = run_study(
+        b,
+        pb,
+        lambda batch, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(batch))],
+    )
+    done_a = run_study(a, pa, lambda batch, on_result: pytest.fail(f"ran {batch}, finished by the other"))
+    assert len(done_b) == 2 and done_a == []
+
+
 def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
     from copc_core.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
@@ -766,3 +811,40 @@ def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_
         ("copc", None, None),  # not in the preset: the registry's defaults
     ]
     assert len(space.grid()) == 3 * 5 and space.steps == 1000
+
+
+def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grown(tmp_path, monkeypatch):
+    """A point's config hash covers its RunConfig, not the registry row its method names: after a row's default
+    changed, a grown study reused results of the old definition. Each trial now records the method as resolved; a
+    study holding another definition's results is refused, naming the method, and MLflow's logged results of it are
+    not recovered as today's."""
+    from copc_core import methods
+    from copc_core.config import MethodConfig
+    from sweeps.study import METHOD_SPEC, StudyFormatError, changed_definitions
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = SweepSpace(methods=["tis"], staleness=[1], seeds=[0, 1], steps=2)
+    base = tiny_config()
+
+    def spec_of(p):
+        return space.run_config(base, p).method.spec_hash()
+
+    sweep = open_study("s", storage)
+    run_study(
+        sweep,
+        pending_points(sweep, space),
+        lambda ps, on_result: [on_result(i, TrialResult(summary(0.5), objective=0.5)) for i in range(len(ps))],
+        lambda p: {METHOD_SPEC: spec_of(p)},
+    )
+    before = spec_of(space.grid()[0])
+    assert {t.user_attrs[METHOD_SPEC] for t in sweep.study.trials} == {before}
+    changed_definitions(sweep, space, spec_of)  # today's definition: it grows
+    # the registry row's meaning changes: TIS truncates at 3 instead of 2 (no field of a config names the cap)
+    row = methods.METHODS["tis"]
+    cap3 = row._replace(build=lambda tp, ta: (methods.PolicySide(kind="truncate", cap=3.0), methods._GAE))
+    monkeypatch.setitem(methods.METHODS, "tis", cap3)
+    assert MethodConfig(name="tis").spec_hash() != before and space.run_config(base, space.grid()[0]).config_hash() == (
+        space.run_config(base, space.grid()[0]).config_hash()
+    )
+    with pytest.raises(StudyFormatError, match=r"another definition of tis \(2 trials\).*new --name"):
+        changed_definitions(open_study("s", storage), space, spec_of)

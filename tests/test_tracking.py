@@ -63,3 +63,16 @@ def test_the_stream_interval_is_read_from_the_environment_and_a_bad_one_refused(
         monkeypatch.setenv("COPC_MLFLOW_STREAM_S", bad)
         with pytest.raises(ValueError, match="COPC_MLFLOW_STREAM_S"):
             stream_every_s()
+
+
+def test_a_logged_result_of_another_method_definition_is_not_recovered_as_todays(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri)
+    parent = tracker.parent_run("s", {"space": {}, "base": {}})
+    config = tiny_config()
+    run_id = tracker.start_trial(parent, "s", "trial", config, "copc")
+    tracker.finish_trial(run_id, TrialResult(summary(0.5), objective=0.5))
+    key = (config.config_hash(), "copc")
+    assert MlflowClient(uri).get_run(run_id).data.tags["method_spec"] == config.method.spec_hash()
+    assert list(tracker.logged_trials(parent, {key: config.method.spec_hash()})) == [key]  # today's: recovered
+    assert tracker.logged_trials(parent, {key: "another-spec"}) == {}  # the method changed since: runs again
