@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -819,6 +820,9 @@ def up(
         None, help="MLflow --allowed-hosts (its default admits localhost and private-network hosts)"
     ),
     mlflow_cors_origins: Optional[str] = typer.Option(None, help="MLflow --cors-allowed-origins"),
+    prefect_allowed_hosts: Optional[str] = typer.Option(
+        None, help="comma-separated host names the Prefect server answers besides loopback and --host (DNS rebinding)"
+    ),
     mlflow_basic_auth: bool = typer.Option(
         False,
         help="MLflow's basic-auth app: users in <data>/mlflow-auth.db; the first start needs "
@@ -852,6 +856,12 @@ def up(
                 if mlflow_allowed_hosts
                 else "MLflow accepts requests for any private-network host name (--mlflow-allowed-hosts). "
             )
+            + (
+                ""
+                if prefect_allowed_hosts
+                else "Prefect answers only requests naming loopback or this address: add the names you browse it by "
+                "with --prefect-allowed-hosts. "
+            )
             + "Anyone who reaches them can start runs that write files under the data folder.",
             fg=typer.colors.YELLOW,
             err=True,
@@ -867,6 +877,7 @@ def up(
         mlflow_allowed_hosts,
         mlflow_cors_origins,
         mlflow_basic_auth,
+        prefect_allowed_hosts,
     ) as stack:
         typer.echo(f"Prefect UI and API: {stack.prefect_url}   (export PREFECT_API_URL={stack.prefect_url}/api)")
         typer.echo(f"MLflow UI:          {stack.mlflow_url}   (export MLFLOW_TRACKING_URI={stack.mlflow_url})")
@@ -874,5 +885,40 @@ def up(
         stack.wait()
 
 
+WRITE_REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def _refused_write(err: BaseException) -> str | None:
+    """What a failed write says, when the file system refused it (full, read-only, a size limit), anywhere in the
+    exception's causes; None for anything else."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in WRITE_REFUSED:
+            return f"{err.filename or 'a file'}: {err.strerror}" if err.filename else str(err)
+        text = str(err)
+        if any(s in text for s in ("database or disk is full", "attempt to write a readonly database")):
+            return text.splitlines()[0][:300]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def main() -> None:
+    """The `copc` command: the app, with a refused write (a full disk, a read-only data folder) said in one line
+    and exit 2 instead of a traceback. Files are written whole or not at all (checkpoints: temp file and rename),
+    so the same command run again after space is freed resumes."""
+    try:
+        app()
+    except Exception as err:
+        why = _refused_write(err)
+        if why is None:
+            raise
+        typer.secho(
+            f"error: a write was refused: {why}. Free space (or make the data folder writable) and run the same "
+            "command again: a run resumes from its last checkpoint.",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -10,6 +10,7 @@ The warm-start cache is a cache: a damaged entry is recomputed, with a warning.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pathlib
@@ -64,7 +65,10 @@ def save_checkpoint(path: pathlib.Path, state: dict, keep_previous: bool = True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as err:  # torch reports a refused write (disk full, read-only) without its OS error
+            raise OSError(errno.EIO, f"torch.save could not write it ({str(err).strip()})", str(path)) from err
         digest = _sha256(pathlib.Path(tmp))
         if keep_previous and path.exists() and digest_path(path).exists():
             os.replace(path, previous_path(path))

@@ -83,6 +83,12 @@ def _die_with_parent() -> None:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def prefect_command(host: str, port: int, allowed_hosts: str | None = None) -> list[str]:
+    """`prefect server start` with a Host check in front (infra/prefect_server.py: DNS rebinding)."""
+    extra = ["--allowed-hosts", allowed_hosts] if allowed_hosts else []
+    return [sys.executable, "-m", "infra.prefect_server", "--host", host, "--port", str(port), *extra]
+
+
 class LocalStack:
     """A Prefect server and an MLflow server on `host`, with their own protections on.
 
@@ -103,6 +109,7 @@ class LocalStack:
         mlflow_allowed_hosts: str | None = None,
         mlflow_cors_origins: str | None = None,
         mlflow_basic_auth: bool = False,
+        prefect_allowed_hosts: str | None = None,
     ):
         self.data = pathlib.Path(data)
         self.host, self.prefect_port, self.mlflow_port = host, prefect_port, mlflow_port
@@ -111,6 +118,7 @@ class LocalStack:
         self.prefect_auth = prefect_auth
         self.mlflow_allowed_hosts, self.mlflow_cors_origins = mlflow_allowed_hosts, mlflow_cors_origins
         self.mlflow_basic_auth = mlflow_basic_auth
+        self.prefect_allowed_hosts = prefect_allowed_hosts
         self.procs: list[subprocess.Popen] = []
 
     def prefect_env(self) -> dict[str, str]:
@@ -187,7 +195,7 @@ class LocalStack:
         logs.mkdir(parents=True, exist_ok=True)
         try:
             prefect = subprocess.Popen(
-                [_bin("prefect"), "server", "start", "--host", self.host, "--port", str(self.prefect_port)],
+                prefect_command(self.host, self.prefect_port, self.prefect_allowed_hosts),
                 env=self.prefect_env(),
                 stdout=open(logs / "prefect.log", "ab"),
                 stderr=subprocess.STDOUT,
@@ -241,6 +249,19 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
+def _exclusive(path: pathlib.Path) -> Iterator[None]:
+    """An exclusive lock on `path` (flock: released when its holder ends, however it ends) while the block runs."""
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.0) -> Iterator[str]:
     """A Prefect server for one command (when PREFECT_API_URL names none): loopback, a free port, its own
     home under the data folder, analytics off, CSRF on, dying with this process however it ends (Prefect's
@@ -250,21 +271,24 @@ def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.
     env = stack.prefect_env() | {"PREFECT_HOME": str(pathlib.Path(data) / "prefect-temporary")}
     logs = pathlib.Path(data) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=open(logs / "prefect-temporary.log", "ab"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent,
-    )
-    stack.procs.append(proc)
     api = f"{stack.prefect_url}/api"
     previous = os.environ.get("PREFECT_API_URL")
     try:
         print(
             f"temporary Prefect server at {stack.prefect_url} (log: {logs / 'prefect-temporary.log'})", file=sys.stderr
         )
-        wait_healthy(f"{api}/health", startup_timeout_s, "temporary Prefect server", proc)
+        # one server starts at a time on this home: two commands started together on a fresh data folder both ran
+        # the database's migrations and the second server died (exit 3); the second now starts on a migrated home
+        with _exclusive(pathlib.Path(data) / "prefect-temporary.lock"):
+            proc = subprocess.Popen(
+                prefect_command("127.0.0.1", port),
+                env=env,
+                stdout=open(logs / "prefect-temporary.log", "ab"),
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+            stack.procs.append(proc)
+            wait_healthy(f"{api}/health", startup_timeout_s, "temporary Prefect server", proc)
         os.environ["PREFECT_API_URL"] = api
         yield api
     finally:

@@ -658,3 +658,46 @@ def test_the_config_space_and_flow_parsers_refuse_anything_with_a_validation_err
             model.model_validate_json(text)
         except ValidationError:
             pass
+
+
+def test_a_full_disk_stops_train_with_the_file_named_and_the_rerun_completes(tmp_path):
+    """A full disk (a 5 MiB tmpfs) ended `copc train` with a traceback (`RuntimeError … unexpected pos` from
+    torch.save). The file system's refusal is made here by a file-size limit (RLIMIT_FSIZE, EFBIG) between the sizes
+    of the other files (the warm-start cache, MLflow's store) and of the run's checkpoint, so the checkpoint is the
+    write refused: exit 2 naming it, no
+    traceback, no partial file; the same command with the limit lifted completes."""
+    import resource
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(tiny_config(steps=4).model_dump_json())
+    env = dict(os.environ, MLFLOW_TRACKING_URI="", PREFECT_API_URL="")
+
+    def train(data, limit=None):
+        def limited():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg)],
+            env=env | {"COPC_DATA_DIR": str(data)},
+            preexec_fn=limited if limit else None,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    sizes = tmp_path / "sizes"  # the files' sizes, from an unlimited run of the same config
+    assert train(sizes).returncode == 0
+    (warm,) = (sizes / "cache").glob("warmstart-*.pt")
+    (checkpoint,) = (sizes / "runs").glob("*/checkpoint.pt")
+    others = max(warm.stat().st_size, (sizes / "mlflow.db").stat().st_size)  # the other files it writes, the largest
+    assert others < checkpoint.stat().st_size
+    data = tmp_path / "data"
+    full = train(data, (others + checkpoint.stat().st_size) // 2)
+    assert full.returncode == 2, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr and "a write was refused" in full.stderr and "checkpoint.pt" in full.stderr
+    run_dir = next((data / "runs").iterdir())
+    assert not list(run_dir.glob("*.tmp")) and not (run_dir / "checkpoint.pt").exists()  # nothing half-written
+    again = train(data)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["steps_completed"] == 4

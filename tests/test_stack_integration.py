@@ -159,6 +159,15 @@ def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(t
         except urllib.error.HTTPError as err:
             allowed = err.headers.get("access-control-allow-origin")
         assert allowed != "*" and allowed != "http://evil.example"
+        # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own name as Host. Its CSRF token
+        # request and its flow-run creation (Origin and Host the attacker's) answered 200 and 201; now refused
+        import requests
+
+        evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+        assert requests.get(f"{api}/csrf-token?client=x", headers=evil, timeout=30).status_code == 400
+        assert requests.post(f"{api}/flows/", json={"name": "x"}, headers=evil, timeout=30).status_code == 400
+        assert requests.get(f"{api}/health", headers={"Host": f"localhost:{port}"}, timeout=30).status_code == 200
+        assert requests.get(f"{stack.prefect_url}/", timeout=30).status_code == 200  # the UI itself, on its own Host
 
 
 def test_the_servers_die_with_the_process_that_started_them(tmp_path):
@@ -430,3 +439,27 @@ def test_copc_dashboard_refuses_another_host_and_a_cross_site_change(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def test_two_commands_on_a_fresh_data_folder_both_get_a_temporary_prefect_server(tmp_path):
+    """Two `copc sweep` started 3 s apart on a fresh data folder: the second died, "temporary Prefect server exited
+    with code 3" (both migrated the shared Prefect home at once). Started together, both servers now come up."""
+    code = (
+        "import sys; from infra.local_stack import temporary_prefect_server\n"
+        "with temporary_prefect_server(sys.argv[1]) as api: print('up', api)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0 and out.startswith("up http://127.0.0.1:"), err[-2000:]
