@@ -701,3 +701,42 @@ def test_a_full_disk_stops_train_with_the_file_named_and_the_rerun_completes(tmp
     again = train(data)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["steps_completed"] == 4
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(
+            lambda scheme, body: f"{scheme}{body}",
+            st.sampled_from(["sqlite:///", "sqlite://", "file://", "sqlite:///file:", "sqlite:////", ""]),
+            st.text(alphabet="ab./?=&:%~-_/ \\x00", max_size=40),
+        ),
+    )
+)
+def test_a_fuzzed_store_url_is_refused_or_names_a_file_inside_the_data_folder(tmp_path_factory, text):
+    """Whatever the copc-sweep form's `storage` and `tracking_uri` say, the store they open is a file inside the data
+    folder, a server the caller names (http(s), PostgreSQL, MySQL), or a validation error."""
+    from flows.prefect_flows import SweepParams
+    from infra.settings import data_root
+
+    before = os.environ.get("COPC_DATA_DIR")
+    os.environ["COPC_DATA_DIR"] = str(tmp_path_factory.getbasetemp() / "fuzz-data")
+    try:
+        root = data_root()
+        for field in ("storage", "tracking_uri"):
+            try:
+                value = getattr(SweepParams(**{field: text}), field)
+            except (ValidationError, ValueError):
+                continue
+            scheme = value.split("://", 1)[0] if "://" in value else ""
+            if scheme in ("http", "https", "postgresql", "postgresql+psycopg2", "mysql", "mysql+pymysql", "databricks"):
+                continue
+            path = pathlib.Path(value.removeprefix("sqlite:///").removeprefix("file://"))
+            assert path.is_absolute() and (path == root or root in path.parents), (text, value)
+            assert "?" not in value, (text, value)
+    finally:
+        if before is None:
+            os.environ.pop("COPC_DATA_DIR", None)
+        else:
+            os.environ["COPC_DATA_DIR"] = before
