@@ -755,11 +755,11 @@ def test_a_study_with_unbounded_bands_is_refused_then_migrated_in_place_keeping_
 
 
 def _chosen_per_seed(results: str, heading: str, k: int) -> dict[str, list[tuple[float, float]]]:
-    """The 'cell chosen per seed' column of the leave-one-seed-out table under `heading` in docs/RESULTS.md:
+    """The 'cell chosen per seed' column of the leave-one-seed-out table under `heading` in docs/journal/:
     reading → the (τ_p, τ_a) chosen for each held-out seed (a band left out of the text is ∞)."""
     import re
 
-    section = results.split(heading, 1)[1].split("\n### ", 1)[0]
+    section = results.split(heading, 1)[1].split("\n## ", 1)[0]
     out = {}
     for line in section.splitlines():
         m = re.match(rf"\| copc\[(\w+)\] \| {k} \| [^|]+\| [^|]+\| (0: τ_p [^|]+) \|", line)
@@ -777,10 +777,11 @@ def test_the_long_study_runs_each_reading_at_the_cell_the_300_step_study_chose_m
 
     from sweeps.presets import LONG_CELLS, LONG_SEEDS, PRESETS
 
-    results = (pathlib.Path(__file__).parent.parent / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    journal = pathlib.Path(__file__).parent.parent / "docs" / "journal"
+    results = "\n".join(f.read_text(encoding="utf-8") for f in sorted(journal.glob("*.md")))
     headings = {
-        "tool-math": "### Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
-        "search": "### Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
+        "tool-math": "## Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
+        "search": "## Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
     }
     for task, heading in headings.items():
         chosen = _chosen_per_seed(results, heading, 32)
