@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,7 +35,9 @@ from copc_core.diagnostics import (
 )
 from copc_core.losses import clipped_value_loss
 from copc_core.methods import (
+    AdvantageEstimate,
     MethodSpec,
+    PolicyTerms,
     actor_loss,
     correct_policy,
     estimate_advantages,
@@ -118,6 +121,57 @@ def _select(correction: PolicyCorrection, idx: Tensor) -> PolicyCorrection:
     return PolicyCorrection(*(x[idx] for x in correction))
 
 
+_UPDATE_STATS = (
+    "actor/loss",
+    "actor/pg_clipfrac",
+    "actor/approx_kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/value_loss",
+    "critic/clipfrac",
+    "critic/grad_norm",
+)
+
+
+class _Reader:
+    """Forward passes over rows of one batch, counting the token positions they read (the step's unit of work)."""
+
+    def __init__(self, model: ActorCritic, batch: TrajectoryBatch, temperature: float):
+        self.model, self.batch, self.temperature = model, batch, temperature
+        self.prompt = batch.prompt_ids.shape[1]
+        self.positions = 0
+
+    def count(self, rows: Tensor) -> None:
+        self.positions += len(rows) * (self.prompt - 1 + forward_width(self.batch.mask[rows]))
+
+    def forward(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        self.count(rows)
+        return rows_logprobs(self.model, self.batch, rows, self.temperature)
+
+
+@dataclass
+class _Old:
+    """What the step reads with the weights it starts from."""
+
+    logp: Tensor  # log π_old [B, T]
+    values: Tensor  # V [B, T]
+    first_out: tuple[Tensor, Tensor, Tensor]  # the first minibatch's pass, its graph kept for its update
+    kl_rows: Tensor  # episodes whose full distributions policy/kl_step starts from
+    kl_before: Tensor | None
+
+
+@dataclass
+class _Targets:
+    """The two channels' outputs for the step."""
+
+    lag: Tensor
+    terms: PolicyTerms
+    estimate: AdvantageEstimate
+    advantages: Tensor
+    returns: Tensor
+    lr_scale: float
+
+
 class Learner:
     """Holds the trainable model and its optimiser; `step(batch)` performs one PPO update.
 
@@ -159,75 +213,79 @@ class Learner:
         ).output.returns
 
     def step(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """One PPO step of the method on `batch`: recompute log π_old and V → the corrections and advantages → the
+        minibatch updates of every epoch → the step's diagnostics."""
         start = time.perf_counter()
         batch = self._prepare(batch)
-        m, t, side = self.config.method, self.config.train, self.spec.policy
-        mask = batch.mask
+        t = self.config.train
+        orders = [torch.randperm(batch.size, generator=self.generator) for _ in range(t.epochs)]  # per epoch
+        reader = _Reader(self.model, batch, t.temperature)
+        old = self._recompute_old(batch, orders, reader)
+        targets = self._targets(batch, old)
+        stats, dropped = self._update(batch, orders, old, targets, reader)
+        out = self._diagnostics(batch, old, targets, stats, dropped, reader)
+        out["time/train_s"] = time.perf_counter() - start
+        return out
+
+    def _recompute_old(self, batch: TrajectoryBatch, orders: list[Tensor], reader: _Reader) -> _Old:
+        """log π_old and V with the weights at the start of the step. The first minibatch's forward pass keeps its
+        graph and serves that minibatch's update too (and, for the first `kl_rows` of its episodes, the full
+        distributions policy/kl_step starts from); the other episodes go without grad, in chunks of episodes of
+        similar length (each cut at its longest), ~20 % faster per row on a CPU than all at once."""
+        t = self.config.train
         B = batch.size
         mb = B // t.minibatches
-        orders = [torch.randperm(B, generator=self.generator) for _ in range(t.epochs)]  # minibatch order per epoch
-        # log π_old and V with the weights at the start of the step. The first minibatch's forward pass
-        # keeps its graph and serves that minibatch's update too (and, for the first `kl_rows` of its
-        # episodes, the full distributions policy/kl_step starts from); the other episodes go without
-        # grad, in chunks of episodes of similar length (each cut at its longest), ~20 % faster per row
-        # on a CPU than all at once.
-        P = batch.prompt_ids.shape[1]
-        positions = 0  # token positions read by every forward pass of this step (its unit of work)
-
-        def read(rows: Tensor) -> None:
-            nonlocal positions
-            positions += len(rows) * (P - 1 + forward_width(mask[rows]))
-
-        def forward(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            read(rows)
-            return rows_logprobs(self.model, batch, rows, t.temperature)
-
         first = orders[0][:mb]
         kl_rows = first[: min(t.kl_step_rows, mb)]
+        kl_before = None
         if len(kl_rows):
-            read(first)
+            reader.count(first)
             first_out, kl_before = rows_distributions(self.model, batch, first, t.temperature, len(kl_rows))
         else:
-            first_out = forward(first)
+            first_out = reader.forward(first)
         logp_old, values_old = (x.new_empty(B, x.shape[1]) for x in first_out[:2])
         with torch.no_grad():
             logp_old[first], values_old[first] = first_out[0], first_out[1]
             rest = orders[0][mb:]
             rest = rest[policy_widths(batch.mask[rest]).argsort(stable=True)]
             for rows in rest.split(mb) if len(rest) else ():  # one minibatch: the first pass read them all
-                logp_old[rows], values_old[rows], _ = forward(rows)
-            if not (torch.isfinite(logp_old * mask).all() and torch.isfinite(values_old).all()):
+                logp_old[rows], values_old[rows], _ = reader.forward(rows)
+            if not (torch.isfinite(logp_old * batch.mask).all() and torch.isfinite(values_old).all()):
                 raise NonFiniteUpdateError("non-finite log-probabilities or values from the learner's forward pass")
+        return _Old(logp_old, values_old, first_out, kl_rows, kl_before)
+
+    def _targets(self, batch: TrajectoryBatch, old: _Old) -> _Targets:
+        """Channel 1 (the policy terms: anchor, mask statistic, weights) and channel 2 (the advantages and the
+        critic's returns), and the step size the method scales the learning rate by."""
+        m, side, mask = self.config.method, self.spec.policy, batch.mask
         lag = torch.where(mask > 0, self.version - batch.version, 0)
-        terms = policy_terms(side, logp_old, batch.logp_behavior, mask, lag)
-        log_ratio = terms.log_ratio
-        estimate = estimate_advantages(self.spec.advantage, batch.rewards, values_old, mask, log_ratio, m.gamma, m.lam)
+        terms = policy_terms(side, old.logp, batch.logp_behavior, mask, lag)
+        estimate = estimate_advantages(
+            self.spec.advantage, batch.rewards, old.values, mask, terms.log_ratio, m.gamma, m.lam
+        )
         advantages = estimate.output.advantages
-        returns = self._critic_targets(batch.rewards, values_old, mask, log_ratio, estimate)
+        returns = self._critic_targets(batch.rewards, old.values, mask, terms.log_ratio, estimate)
         if m.normalize_advantages:
             advantages = masked_whiten(advantages, mask)
-        lr_scale = float(step_size_scale(side, log_ratio, mask))
-        self.optimizer.param_groups[0]["lr"] = t.lr * lr_scale
-        live = side.mask_ratio == "live"
+        lr_scale = float(step_size_scale(side, terms.log_ratio, mask))
+        return _Targets(lag, terms, estimate, advantages, returns, lr_scale)
 
-        stats: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "actor/loss",
-                "actor/pg_clipfrac",
-                "actor/approx_kl",
-                "actor/entropy",
-                "actor/grad_norm",
-                "critic/value_loss",
-                "critic/clipfrac",
-                "critic/grad_norm",
-            )
-        }
+    def _update(
+        self, batch: TrajectoryBatch, orders: list[Tensor], old: _Old, targets: _Targets, reader: _Reader
+    ) -> tuple[dict[str, list[float]], list[float]]:
+        """The minibatch updates of every epoch at the method's scaled learning rate: per-minibatch statistics, and
+        the policy tokens a live mask dropped (low, high)."""
+        m, t, side, mask = self.config.method, self.config.train, self.spec.policy, batch.mask
+        mb = batch.size // t.minibatches
+        terms = targets.terms
+        self.optimizer.param_groups[0]["lr"] = t.lr * targets.lr_scale
+        live = side.mask_ratio == "live"
+        stats: dict[str, list[float]] = {k: [] for k in _UPDATE_STATS}
         dropped = [0.0, 0.0]  # live mask: policy tokens dropped low / high over every minibatch
         for epoch, order in enumerate(orders):
             for j in range(t.minibatches):
                 idx = order[j * mb : (j + 1) * mb]
-                logp, values, entropy = first_out if epoch == j == 0 else forward(idx)
+                logp, values, entropy = old.first_out if epoch == j == 0 else reader.forward(idx)
                 sub_mask = mask[idx]
                 if live:  # the band tested on π_θ/μ as the loss sees it
                     live_ratio = behavior_log_ratio(logp.detach(), batch.logp_behavior[idx], sub_mask)
@@ -240,14 +298,14 @@ class Learner:
                     side,
                     logp,
                     terms.anchor[idx],
-                    advantages[idx],
+                    targets.advantages[idx],
                     correction,
                     sub_mask,
                     m.clip_low,
                     m.clip_high,
                     m.dual_clip,
                 )
-                critic = clipped_value_loss(values, values_old[idx], returns[idx], sub_mask, m.value_clip)
+                critic = clipped_value_loss(values, old.values[idx], targets.returns[idx], sub_mask, m.value_clip)
                 mean_entropy = masked_mean(entropy, sub_mask)
                 loss = actor.loss + t.value_coef * critic.loss - t.entropy_coef * mean_entropy
                 if not torch.isfinite(loss):
@@ -260,7 +318,7 @@ class Learner:
                     self.optimizer.zero_grad(set_to_none=True)
                     raise NonFiniteUpdateError(f"non-finite gradient norm at version {self.version}")
                 self.optimizer.step()
-                drift = logp.detach() - logp_old[idx]  # π_θ against π_old as this minibatch read it
+                drift = logp.detach() - old.logp[idx]  # π_θ against π_old as this minibatch read it
                 if epoch or j or len(orders) * t.minibatches == 1:  # the first one's drift is 0 by construction
                     stats["actor/approx_kl"].append(float(masked_mean(torch.expm1(-drift) + drift, sub_mask)))
                 for key, value in (
@@ -275,40 +333,55 @@ class Learner:
                 stats["critic/grad_norm"].append(critic_norm)
         self.optimizer.param_groups[0]["lr"] = t.lr
         self.version += 1
+        return stats, dropped
+
+    def _diagnostics(
+        self,
+        batch: TrajectoryBatch,
+        old: _Old,
+        targets: _Targets,
+        stats: dict[str, list[float]],
+        dropped: list[float],
+        reader: _Reader,
+    ) -> dict[str, float]:
+        """The step's flat `group/name` record (docs/ALGORITHMS.md §5): the updates' means, the corrections, the
+        policy's change over the step, the critic, the lag."""
+        t, mask, terms = self.config.train, batch.mask, targets.terms
+        log_ratio = terms.log_ratio
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         diagnostics = (
             ratio_diagnostics(log_ratio, mask, terms.correction)
             | behavior_kl(log_ratio, mask)
-            | trace_diagnostics(log_ratio, mask, estimate.trace)
+            | trace_diagnostics(log_ratio, mask, targets.estimate.trace)
         )
         out |= {k: float(v) for k, v in diagnostics.items()}
-        if live:
+        if self.spec.policy.mask_ratio == "live":
             n = float(mask.sum()) * t.epochs
             out |= {
                 "correction/masked_frac_low": dropped[0] / n,
                 "correction/masked_frac_high": dropped[1] / n,
                 "correction/masked_frac": sum(dropped) / n,
             }
+        kl_rows = old.kl_rows
         if len(kl_rows):
             with torch.no_grad():
-                read(kl_rows)
-                width = kl_before.shape[1]
+                reader.count(kl_rows)
+                width = old.kl_before.shape[1]
                 after, _ = response_distributions(self.model, batch.select(kl_rows).head(width), t.temperature)
                 kl_mask = mask[kl_rows][:, :width]
-                out["policy/kl_step"] = float(exact_kl(kl_before, after, kl_mask))
+                out["policy/kl_step"] = float(exact_kl(old.kl_before, after, kl_mask))
                 drift = (
-                    token_statistics(after, batch.response_ids[kl_rows][:, :width])[0] - logp_old[kl_rows][:, :width]
+                    token_statistics(after, batch.response_ids[kl_rows][:, :width])[0] - old.logp[kl_rows][:, :width]
                 )
                 out["policy/kl_step_k3"] = float(masked_mean(torch.expm1(-drift) + drift, kl_mask))
-        out["actor/lr_scale"] = lr_scale
-        out["critic/explained_var"] = float(explained_variance(values_old, returns, mask))
-        out["critic/return_mean"] = float(masked_mean(returns, mask))
-        staleness = lag.float()
+        out["actor/lr_scale"] = targets.lr_scale
+        out["critic/explained_var"] = float(explained_variance(old.values, targets.returns, mask))
+        out["critic/return_mean"] = float(masked_mean(targets.returns, mask))
+        staleness = targets.lag.float()
         out["staleness/mean"] = float(masked_mean(staleness, mask))
         out["staleness/max"] = float(torch.where(mask > 0, staleness, 0.0).max())
         out["staleness/updates"] = out["staleness/mean"] * t.updates_per_version
-        out["learner/positions"] = float(positions)
-        out["time/train_s"] = time.perf_counter() - start
+        out["learner/positions"] = float(reader.positions)
         return out
 
     def warm_up_critic(self, batch: TrajectoryBatch) -> dict[str, float]:
