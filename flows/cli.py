@@ -275,9 +275,27 @@ def train(
             "resources.rollout_workers": rollout_workers,
         },
     )
+    runtime = _runtime_for(cfg, runtime)
+    _runnable_here(cfg)
+    _servers_up(tracking_uri)
+    from infra.settings import data_dir
+
+    root = data_dir()
+    run_dir = run_dir or root / "runs" / cfg.config_hash()
+    _announce_run(cfg, run_dir)
+    summary, run_dir, run_id = _train(cfg, root, runtime, run_dir, tracking_uri, ray_address, resume)
+    _print_run(summary, root, tracking_uri, run_id, run_dir)
+
+
+def _runtime_for(cfg, runtime: Runtime) -> Runtime:
     if cfg.train.eta is not None and runtime != "ray":
         typer.echo("bounded staleness (eta) runs on the Ray runtime: --runtime ray", err=True)
-        runtime = "ray"
+        return "ray"
+    return runtime
+
+
+def _runnable_here(cfg) -> None:
+    """Exit 2 before anything runs when the run's device or rollout engine is not on this machine."""
     from copc_core.backends import device as model_device
     from copc_core.backends import engine_problem
 
@@ -288,14 +306,9 @@ def train(
     problem = engine_problem(cfg)
     if problem is not None:
         _fail(problem)
-    from tqdm import tqdm
 
-    from infra.local_run import train_and_track
-    from infra.settings import data_dir
 
-    _servers_up(tracking_uri)
-    root = data_dir()
-    run_dir = run_dir or root / "runs" / cfg.config_hash()
+def _announce_run(cfg, run_dir: pathlib.Path) -> None:
     t = cfg.train
     schedule = (
         f"η = {t.eta}"
@@ -303,46 +316,17 @@ def train(
         else f"k = {t.staleness} ({t.lag}; {t.staleness * t.updates_per_version} optimizer updates)"
     )
     typer.echo(f"run {cfg.config_hash()} · task {cfg.task.name} · method {cfg.method.name} · {schedule} · {run_dir}")
-    warm_bar = None
 
-    def on_warm(step: int, total: int, loss: float) -> None:
-        nonlocal warm_bar
-        if warm_bar is None:
-            warm_bar = tqdm(total=total, desc="warm start (SFT)", unit="step", file=sys.stderr)
-        warm_bar.update(1)
-        warm_bar.set_postfix(loss=f"{loss:.3f}")
-        if step == total:
-            warm_bar.close()
 
-    critic_bar = None
-
-    def on_critic_warmup(step: int, total: int, record: dict[str, float]) -> None:
-        nonlocal critic_bar
-        if critic_bar is None:
-            critic_bar = tqdm(total=total, initial=step - 1, desc="critic warm-up", unit="step", file=sys.stderr)
-        critic_bar.update(1)
-        critic_bar.set_postfix(explained_var=f"{record['critic/explained_var']:.2f}")
-        if step == total:
-            critic_bar.close()
-
-    bar = None
-
-    def on_step(trainer, metrics: dict[str, float]) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=cfg.train.steps, initial=trainer.step - 1, desc="RL", unit="step", file=sys.stderr)
-        bar.update(1)
-        last = trainer.evals[-1]
-        bar.set_postfix(
-            acc=f"{last['eval/accuracy']:.2f}",
-            reward=f"{metrics['reward/mean']:.2f}",
-            ess=f"{metrics['correction/ess']:.2f}",
-        )
-
+def _train(cfg, root, runtime, run_dir, tracking_uri, ray_address, resume):
+    """The run, tracked in MLflow, with its progress bars; a checkpoint it cannot use exits 2."""
+    from flows.progress import TrainBars
     from infra.checkpoints import CheckpointError
+    from infra.local_run import train_and_track
 
+    bars = TrainBars(cfg.train.steps)
     try:
-        summary, run_dir, run_id = train_and_track(
+        return train_and_track(
             cfg,
             root,
             runtime,
@@ -350,23 +334,26 @@ def train(
             tracking_uri,
             ray_address,
             resume,
-            on_step=on_step,
-            on_warm_start=on_warm,
-            on_critic_warmup=on_critic_warmup,
+            on_step=bars.on_step,
+            on_warm_start=bars.on_warm_start,
+            on_critic_warmup=bars.on_critic_warmup,
         )
     except CheckpointError as err:
         _fail(str(err))
-    if bar is not None:
-        bar.close()
+    finally:
+        bars.close()
+
+
+def _print_run(summary, root, tracking_uri, run_id: str, run_dir: pathlib.Path) -> None:
+    from infra.tracking import run_link
+    from infra.tracking import tracking_uri as resolve
+    from reports.build import mlflow_ui_for
+
     typer.echo(json.dumps(summary.model_dump(), indent=2))
     typer.echo(
         f"held-out accuracy: warm start {summary.warm_start_accuracy:.3f} -> final {summary.final_accuracy:.3f} "
         f"(peak {summary.peak_accuracy:.3f}){' · COLLAPSED' if summary.collapsed else ''}"
     )
-    from infra.tracking import run_link
-    from infra.tracking import tracking_uri as resolve
-    from reports.build import mlflow_ui_for
-
     uri = resolve(root, tracking_uri)
     server = "" if uri.startswith("http") else " (with `copc up` serving this data folder)"
     typer.echo(f"MLflow run {run_id} (kind train) in {uri}: {run_link(uri, mlflow_ui_for(uri), run_id)}{server}")

@@ -6,7 +6,6 @@ import logging
 import os
 import pathlib
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -14,6 +13,7 @@ from typing import Any
 
 from copc_core.config import RunConfig, with_overrides
 from copc_core.results import TrialResult
+from flows.progress import Bar
 from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
 from sweeps.space import SweepSpace, objective_name, point_label
@@ -115,32 +115,12 @@ def warm_cache(configs: list[RunConfig], cache: pathlib.Path, on_warm=None) -> N
     from copc_core.warmstart import warm_start_key
     from infra.checkpoints import cached_warm_start
 
-    bar = _Bar("warm start (SFT, cached for later)", "step")
+    bar = Bar("warm start (SFT, cached for later)")
     for config in {warm_start_key(c): c for c in configs}.values():
-        cached_warm_start(config, cache, on_warm or bar.step)
+        cached_warm_start(
+            config, cache, on_warm or (lambda step, total, loss: bar.step(step, total, loss=f"{loss:.3f}"))
+        )
     bar.close()
-
-
-class _Bar:
-    """A tqdm bar on stderr when it is a terminal (a served flow's stderr is a log: no carriage-return spam)."""
-
-    def __init__(self, desc: str, unit: str):
-        self.desc, self.unit, self.bar = desc, unit, None
-
-    def step(self, done: int, total: int, loss: float | None = None) -> None:
-        from tqdm import tqdm
-
-        if self.bar is None:
-            self.bar = tqdm(
-                total=total, desc=self.desc, unit=self.unit, file=sys.stderr, disable=not sys.stderr.isatty()
-            )
-        self.bar.update(1)
-        if loss is not None:
-            self.bar.set_postfix(loss=f"{loss:.3f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @dataclass
@@ -229,7 +209,7 @@ def _train_points(s: _Sweep, batch: list[dict[str, Any]], tell) -> None:
     names = [point_label(p, s.space.schedule) for p in batch]
     machine, every_s = machine_tags(), stream_every_s()
     run_ids: dict[int, str] = {}
-    bar = _Bar("trials", "run")
+    bar = Bar("trials", "run")
     done_count = [0]
 
     def start(i: int) -> dict:
