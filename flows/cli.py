@@ -487,36 +487,14 @@ def sweep(
     """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
 
     Files go under the data folder: $COPC_DATA_DIR, default ./data."""
-    from sweeps.presets import sweep_preset
-    from sweeps.space import SweepSpace
-
-    try:
-        preset_space, preset_base = sweep_preset(preset)
-    except ValueError as err:
-        _fail(str(err))
-    name = name or preset
-    from pydantic import TypeAdapter
-
-    from sweeps.space import SweepName
-
-    try:
-        TypeAdapter(SweepName).validate_python(name)
-        space = SweepSpace.model_validate_json(_read_text(space_file)) if space_file else preset_space
-        space = _space_with_axes(space, methods, tau_policy, tau_advantage, staleness, seeds, steps)
-    except ValidationError as err:
-        _fail(("--name: " if err.title != "SweepSpace" else "") + _validation_message(err))
-    except ValueError as err:  # an unknown method named in --methods
-        _fail(str(err))
-    base = build_run_config(config, {}, task, base=preset_base)
-    try:
-        for m in space.methods:  # every method's first point builds a valid config on this base
-            space.run_config(base, next(p for p in space.grid() if p["method"] == m.key))
-    except ValidationError as err:
-        _fail(_validation_message(err))
+    name, space, base = _sweep_plan(
+        name, preset, task, space_file, config, methods, tau_policy, tau_advantage, staleness, seeds, steps
+    )
     from infra.settings import data_root
 
     _servers_up(tracking_uri, storage=storage or f"sqlite:///{data_root() / 'optuna.db'}")
     from flows.prefect_flows import LOCAL_CALLER, SweepParams, copc_sweep
+    from sweeps.study import StudyFormatError
 
     params = SweepParams.model_validate(
         {
@@ -530,23 +508,55 @@ def sweep(
         },
         context=LOCAL_CALLER,
     )
-    from sweeps.study import StudyFormatError
-
     try:
         with _prefect_api():
             result = copc_sweep(params)
     except StudyFormatError as err:
         _fail(str(err))
-    # the per-cell table went to the flow's log (on this console too)
-    for line in result["best_per_level"]:
+    _print_sweep(name, result)
+
+
+def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau_advantage, staleness, seeds, steps):
+    """(name, space, base) from the preset, a --space file, the axis flags and a --config base; exit 2 naming what
+    is wrong, before anything is written (every method's first point must build a valid config on the base)."""
+    from pydantic import TypeAdapter
+
+    from sweeps.presets import sweep_preset
+    from sweeps.space import SweepName, SweepSpace
+
+    try:
+        preset_space, preset_base = sweep_preset(preset)
+    except ValueError as err:
+        _fail(str(err))
+    name = name or preset
+    try:
+        TypeAdapter(SweepName).validate_python(name)
+        space = SweepSpace.model_validate_json(_read_text(space_file)) if space_file else preset_space
+        space = _space_with_axes(space, methods, tau_policy, tau_advantage, staleness, seeds, steps)
+    except ValidationError as err:
+        _fail(("--name: " if err.title != "SweepSpace" else "") + _validation_message(err))
+    except ValueError as err:  # an unknown method named in --methods
+        _fail(str(err))
+    base = build_run_config(config, {}, task, base=preset_base)
+    try:
+        for m in space.methods:
+            space.run_config(base, next(p for p in space.grid() if p["method"] == m.key))
+    except ValidationError as err:
+        _fail(_validation_message(err))
+    return name, space, base
+
+
+def _print_sweep(name: str, result) -> None:
+    """The sweep's end on the console (its per-cell table went to the flow's log, on this console too)."""
+    for line in result.best_per_level:
         typer.echo(f"best {line}")
     typer.echo(
-        f"Optuna study {name!r} in {result['storage']}; MLflow parent run {result['parent_run_id']} "
-        f"in {result['tracking_uri']}" + (f"; {result['failed']} trial(s) FAILED" if result["failed"] else "")
+        f"Optuna study {name!r} in {result.storage}; MLflow parent run {result.parent_run_id} "
+        f"in {result.tracking_uri}" + (f"; {result.failed} trial(s) FAILED" if result.failed else "")
     )
-    server = "" if result["tracking_uri"].startswith("http") else " (with `copc up` serving this data folder)"
-    typer.echo(f"MLflow: {result['mlflow_url']}{server}")
-    typer.echo(f"HTML report: {result['report']}")
+    server = "" if result.tracking_uri.startswith("http") else " (with `copc up` serving this data folder)"
+    typer.echo(f"MLflow: {result.mlflow_url}{server}")
+    typer.echo(f"HTML report: {result.report}")
 
 
 @app.command()

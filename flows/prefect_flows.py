@@ -309,8 +309,22 @@ def trial_node(name: str, nodes: _TrialNodes) -> dict:
     return outcome
 
 
+class SweepOutcome(BaseModel):
+    """What a finished `copc-sweep` flow run returns (the CLI prints it)."""
+
+    parent_run_id: str
+    mlflow_url: str
+    trials: int  # trials this run ran or recovered
+    table: str  # the per-cell text table
+    report: str  # the HTML report's path
+    failed: int
+    storage: str
+    tracking_uri: str
+    best_per_level: list[str]
+
+
 @flow(name="copc-sweep")
-def copc_sweep(params: SweepParams) -> dict:
+def copc_sweep(params: SweepParams) -> SweepOutcome:
     """Run a sweep: its warm start and each trial a node of this flow run as they happen, every trial's line in the
     log; publish its table as an artifact with links to MLflow and the report, and build the report."""
     from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
@@ -353,17 +367,17 @@ def copc_sweep(params: SweepParams) -> dict:
     rows = sweep_rows(result.study, space)
     best = best_per_level(rows, space.schedule)
     publish_markdown("copc-sweep", _sweep_markdown(name, space, result, rows, best, report["path"], ui), "joint sweep")
-    return {
-        "parent_run_id": result.parent_run_id,
-        "mlflow_url": sweep_url(ui, result.experiment_id, name),
-        "trials": len(result.outcomes),
-        "table": table,
-        "report": report["path"],
-        "failed": result.failed,
-        "storage": result.storage,
-        "tracking_uri": result.tracking_uri,
-        "best_per_level": best,
-    }
+    return SweepOutcome(
+        parent_run_id=result.parent_run_id,
+        mlflow_url=sweep_url(ui, result.experiment_id, name),
+        trials=len(result.outcomes),
+        table=table,
+        report=report["path"],
+        failed=result.failed,
+        storage=result.storage,
+        tracking_uri=result.tracking_uri,
+        best_per_level=best,
+    )
 
 
 def _running_markdown(name: str, runs_url: str) -> str:
