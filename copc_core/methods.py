@@ -40,12 +40,56 @@ FROZEN = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 Anchor = Literal["behavior", "recomputed", "interpolated"]
 
 
+class CorrectionKind(NamedTuple):
+    """One kind of policy-side correction, whole: the function that applies it, its rule in words (`copc methods`),
+    and the `PolicySide` options that have an effect for it (the others are refused as dead). A new kind is one
+    record in `POLICY_KINDS` (and its function in corrections.py)."""
+
+    apply: Callable[[PolicySide, Tensor, Tensor, Tensor], PolicyCorrection]  # (side, log ρ, log ω, mask)
+    rule: Callable[[PolicySide], str]
+    options: frozenset[str]
+
+
+_EVERY_KIND = frozenset({"anchor", "alpha", "loss_denominator"})  # options every kind reads
+POLICY_KINDS: dict[str, CorrectionKind] = {
+    "none": CorrectionKind(lambda s, lr, w, m: no_correction(w, m), lambda p: "no weight", _EVERY_KIND),
+    "ratio_band": CorrectionKind(
+        lambda s, lr, w, m: ratio_band_correction(lr, m, s.low, s.high, w),
+        lambda p: f"ρ ∈ [{p.low:g}, {p.high:g}] ({p.mask_ratio})",
+        _EVERY_KIND | {"weight", "mask_ratio"},
+    ),
+    "truncate": CorrectionKind(
+        lambda s, lr, w, m: truncated_ratio_correction(w, m, s.cap), lambda p: f"w = min(ω, {p.cap:g})", _EVERY_KIND
+    ),
+    "m2po": CorrectionKind(
+        lambda s, lr, w, m: m2po_correction(lr, m, s.m2_threshold, w),
+        lambda p: f"M2 mask τ = {p.m2_threshold:g}",
+        _EVERY_KIND | {"weight"},
+    ),
+    "seq_truncate": CorrectionKind(
+        lambda s, lr, w, m: sequence_truncated_correction(w, m, s.cap),
+        lambda p: f"w_i = min(Πω, {p.cap:g})",
+        _EVERY_KIND,
+    ),
+    "seq_band": CorrectionKind(
+        lambda s, lr, w, m: sequence_band_correction(lr, m, s.low, s.high, w),
+        lambda p: f"Πρ ∈ [{p.low:g}, {p.high:g}]",
+        _EVERY_KIND | {"weight"},
+    ),
+    "geo_band": CorrectionKind(
+        lambda s, lr, w, m: geometric_band_correction(lr, m, s.low, s.high),
+        lambda p: f"(Πρ)^(1/T) ∈ [{p.low:g}, {p.high:g}]",
+        _EVERY_KIND,
+    ),
+}
+
+
 class PolicySide(BaseModel):
     """Channel 1: which tokens enter the actor loss, with which weight, against which anchor, by which loss."""
 
     model_config = FROZEN
 
-    kind: Literal["none", "ratio_band", "truncate", "m2po", "seq_truncate", "seq_band", "geo_band"]
+    kind: Literal[tuple(POLICY_KINDS)]
     low: float = Field(0.0, ge=0.0)  # ratio_band / seq_band / geo_band: keep iff low ≤ statistic ≤ high
     high: float = Field(math.inf, gt=0.0)
     cap: float = Field(math.inf, gt=0.0)  # truncate / seq_truncate: w = min(ω, cap)
@@ -293,13 +337,9 @@ def has_band(row: Preset, label: str) -> bool:
 
 
 # Which option may be overridden for which kind of side (the others would be silently dead).
-_WEIGHTED = {"ratio_band", "truncate", "m2po", "seq_truncate", "seq_band"}
 _POLICY_OPTIONS = {
-    "weight": {"ratio_band", "m2po", "seq_band"},
-    "anchor": {"none", *_WEIGHTED, "geo_band"},
-    "alpha": {"none", *_WEIGHTED, "geo_band"},
-    "mask_ratio": {"ratio_band"},
-    "loss_denominator": {"none", *_WEIGHTED, "geo_band"},
+    option: {kind for kind, record in POLICY_KINDS.items() if option in record.options}
+    for option in ("weight", "anchor", "alpha", "mask_ratio", "loss_denominator")
 }
 _ADVANTAGE_OPTIONS = {"return_target": {"clipped_trace"}, "clip": {"clipped_trace"}}
 
@@ -326,20 +366,9 @@ def describe(spec: MethodSpec) -> str:
         if p.anchor != "interpolated"
         else (f"interpolated (α = {p.alpha:g})" if p.alpha is not None else "interpolated (α = k/(k+1))")
     )
-    rule = {
-        "none": "no weight",
-        "truncate": f"w = min(ω, {p.cap:g})",
-        "m2po": f"M2 mask τ = {p.m2_threshold:g}",
-        "ratio_band": f"ρ ∈ [{p.low:g}, {p.high:g}] ({p.mask_ratio})",
-        "seq_truncate": f"w_i = min(Πω, {p.cap:g})",
-        "seq_band": f"Πρ ∈ [{p.low:g}, {p.high:g}]",
-        "geo_band": f"(Πρ)^(1/T) ∈ [{p.low:g}, {p.high:g}]",
-    }[p.kind]
-    weight = (
-        ""
-        if p.kind in ("none", "truncate", "seq_truncate", "geo_band")
-        else f", w = {'ω' if p.weight == 'ratio' else '1'}"
-    )
+    kind = POLICY_KINDS[p.kind]
+    rule = kind.rule(p)
+    weight = f", w = {'ω' if p.weight == 'ratio' else '1'}" if "weight" in kind.options else ""
     loss = p.loss if p.loss != "cispo" else f"cispo [{1 - p.is_clip_low:g}, {1 + p.is_clip_high:g}]"
     advantage = (
         "GAE"
@@ -354,16 +383,6 @@ def describe(spec: MethodSpec) -> str:
 
 # ---- dispatch on the kind of each side (data, not method names) ----
 
-_POLICY_CORRECTIONS: dict[str, Callable[[PolicySide, Tensor, Tensor, Tensor], PolicyCorrection]] = {
-    "none": lambda s, log_ratio, weight, mask: no_correction(weight, mask),
-    "ratio_band": lambda s, log_ratio, weight, mask: ratio_band_correction(log_ratio, mask, s.low, s.high, weight),
-    "truncate": lambda s, log_ratio, weight, mask: truncated_ratio_correction(weight, mask, s.cap),
-    "m2po": lambda s, log_ratio, weight, mask: m2po_correction(log_ratio, mask, s.m2_threshold, weight),
-    "seq_truncate": lambda s, log_ratio, weight, mask: sequence_truncated_correction(weight, mask, s.cap),
-    "seq_band": lambda s, log_ratio, weight, mask: sequence_band_correction(log_ratio, mask, s.low, s.high, weight),
-    "geo_band": lambda s, log_ratio, weight, mask: geometric_band_correction(log_ratio, mask, s.low, s.high),
-}
-
 
 def correct_policy(side: PolicySide, log_ratio: Tensor, weight_log_ratio: Tensor, mask: Tensor) -> PolicyCorrection:
     """Channel 1 of `side`: the statistic log ρ decides what is kept, log ω = log π_anchor − log μ the weight.
@@ -371,7 +390,7 @@ def correct_policy(side: PolicySide, log_ratio: Tensor, weight_log_ratio: Tensor
     `weight: "one"` replaces ω by 1. Shapes: [B, T].
     """
     weight = weight_log_ratio if side.weight == "ratio" else torch.zeros_like(weight_log_ratio)
-    return _POLICY_CORRECTIONS[side.kind](side, log_ratio, weight, mask)
+    return POLICY_KINDS[side.kind].apply(side, log_ratio, weight, mask)
 
 
 class PolicyTerms(NamedTuple):

@@ -84,9 +84,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def prefect_command(host: str, port: int, allowed_hosts: str | None = None) -> list[str]:
-    """`prefect server start` with a Host check in front (infra/prefect_server.py: DNS rebinding)."""
+    """`prefect server start` with a Host check in front (flows/prefect_server.py, against DNS rebinding; a program
+    this layer runs, as it runs `mlflow server`, not a module it imports)."""
     extra = ["--allowed-hosts", allowed_hosts] if allowed_hosts else []
-    return [sys.executable, "-m", "infra.prefect_server", "--host", host, "--port", str(port), *extra]
+    return [sys.executable, "-m", "flows.prefect_server", "--host", host, "--port", str(port), *extra]
 
 
 class LocalStack:

@@ -4,7 +4,7 @@ its requests carry its own name as Host and are refused (400). Otherwise as Pref
 (`prefect.cli._server_utils._run_in_foreground`): the app of `create_app(final=True)` under uvicorn, its settings
 from the environment.
 
-    python -m infra.prefect_server --host 127.0.0.1 --port 4200 [--allowed-hosts name,name]
+    python -m flows.prefect_server --host 127.0.0.1 --port 4200 [--allowed-hosts name,name]
 """
 
 from __future__ import annotations
