@@ -15,9 +15,11 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape as rich_escape
 
+from copc_core.config import TASKS
 from infra.settings import Runtime
 from sweeps.space import Sampler
 
+_TASK_NAMES = " | ".join(TASKS)  # the help lists the registry's tasks (copc_core/config.py TASKS)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="COPC platform: train, sweep, report.")
 
 
@@ -187,7 +189,7 @@ def _run_presets() -> str:
 @app.command()
 def train(
     method: Optional[str] = typer.Option(None, help="method preset (see `copc methods`)" + _default("method.name")),
-    task: Optional[str] = typer.Option(None, help="built-in task: tool_math (default) | search"),
+    task: Optional[str] = typer.Option(None, help=f"built-in task: {_TASK_NAMES} (default tool_math)"),
     staleness: Optional[int] = typer.Option(
         None,
         help="controlled lag k in versions (learner steps; one version = "
@@ -382,7 +384,9 @@ def methods() -> None:
 @app.command("hf-tiny")
 def hf_tiny(
     path: pathlib.Path = typer.Argument(..., help="directory to write the model and tokenizer to"),
-    task: str = typer.Option("tool_math", help="built-in task whose demonstrations train the tokenizer"),
+    task: str = typer.Option(
+        "tool_math", help=f"built-in task whose demonstrations train the tokenizer: {_TASK_NAMES}"
+    ),
     hidden: int = typer.Option(64, min=8, max=4096, help="hidden size (a multiple of --heads)"),
     layers: int = typer.Option(2, min=1, max=48, help="transformer layers"),
     heads: int = typer.Option(
@@ -458,7 +462,7 @@ def sweep(
         None, help="study / MLflow parent-run name (rerun to resume; default: the preset's name)"
     ),
     preset: str = typer.Option("embedded-default", help="sweep preset (space + base config): " + _sweep_presets()),
-    task: Optional[str] = typer.Option(None, help="built-in task of the base config: tool_math | search"),
+    task: Optional[str] = typer.Option(None, help=f"built-in task of the base config: {_TASK_NAMES}"),
     space_file: Optional[pathlib.Path] = typer.Option(
         None, "--space", help="a SweepSpace JSON file (replaces the preset's space; the flags below override it)"
     ),
