@@ -61,7 +61,7 @@ def _train_bounded(config: RunConfig, cache_dir: pathlib.Path, stream: dict | No
         trainer.shutdown()
 
 
-def run_trials(
+def run_trials(  # noqa: C901 — one scheduling loop over Ray's ready set: starting, ending and failing trials
     configs: list[RunConfig],
     cache_dir: pathlib.Path,
     on_done=None,
