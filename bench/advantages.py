@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from copc_core.advantages import copc_advantages, gae_advantages
-from copc_core.corrections import behavior_log_ratio
+from copc_core.rl.advantages import copc_advantages, gae_advantages
+from copc_core.rl.corrections import behavior_log_ratio
 from tests.references import verl_gae as verl_loop_gae  # the one copy of verl's loop, the tests' reference
 
 

@@ -55,9 +55,9 @@ def same_batch_learner_ratio(k: int, n_batches: int, rounds: int) -> tuple[float
     """Median learner step seconds of (COPC, async PPO) at lag k on the same warm-start batches, interleaved."""
     import torch
 
-    from copc_core.backends import build_model, make_engine
-    from copc_core.learner import Learner
-    from copc_core.trainer import ProblemStream, sampling_generator
+    from copc_core.engines.backends import build_model, make_engine
+    from copc_core.train.learner import Learner
+    from copc_core.train.trainer import ProblemStream, sampling_generator
     from infra.checkpoints import cached_warm_start
     from infra.settings import data_dir
 

@@ -44,7 +44,7 @@ CONFIGS: dict[str, dict[str, object]] = {
 def probe(name: str, seed: int, steps: int) -> list[float]:
     import pathlib
 
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
     from infra.checkpoints import cached_warm_start
     from infra.settings import configure_torch_threads, data_dir
 

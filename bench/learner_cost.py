@@ -27,9 +27,9 @@ def main() -> None:
 
     import torch
 
-    from copc_core.backends import build_model, make_engine
-    from copc_core.learner import Learner
-    from copc_core.trainer import ProblemStream, sampling_generator
+    from copc_core.engines.backends import build_model, make_engine
+    from copc_core.train.learner import Learner
+    from copc_core.train.trainer import ProblemStream, sampling_generator
     from infra.checkpoints import cached_warm_start
     from infra.settings import data_dir
 

@@ -139,7 +139,7 @@ def run_config(candidate: str, seed: int, steps: int) -> RunConfig:
 
 
 def one_run(candidate: str, seed: int, steps: int, cache_dir: str) -> dict:
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
     from infra.checkpoints import cached_warm_start
     from infra.settings import configure_torch_threads
 

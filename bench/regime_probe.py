@@ -34,7 +34,7 @@ CHECK = {
 def one_run(overrides: dict, steps: int, cache: str) -> tuple[dict, dict]:
     import torch
 
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
     from infra.checkpoints import cached_warm_start
 
     torch.set_num_threads(1)

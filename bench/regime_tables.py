@@ -18,7 +18,7 @@ import math
 
 import pandas as pd
 
-from copc_core.methods import COPC_READING
+from copc_core.rl.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import late_half_auc, late_stage, paired_difference, selection_free_scores, survival

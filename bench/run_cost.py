@@ -19,7 +19,7 @@ import time
 
 
 def timed_run(config, warm) -> dict:
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
 
     trainer = Trainer(config, warm)
     start = time.perf_counter()
@@ -59,7 +59,7 @@ def main() -> None:
     import torch
 
     from copc_core.config import with_overrides
-    from copc_core.run_presets import REGIME_BASE
+    from copc_core.train.run_presets import REGIME_BASE
     from infra.checkpoints import cached_warm_start
     from infra.settings import data_dir
 

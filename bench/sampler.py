@@ -33,9 +33,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from copc_core.backends import build_model
     from copc_core.config import RunConfig, with_overrides
-    from copc_core.rollout import EpisodeLimits, TorchSampler
+    from copc_core.engines.backends import build_model
+    from copc_core.engines.rollout import EpisodeLimits, TorchSampler
     from copc_core.tasks.base import PAD_ID
     from copc_core.tasks.tool_math import VOCAB, ToolMathTask, encode, make_problems
 

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from tqdm import tqdm
 
 from copc_core.config import RunConfig, with_overrides
-from copc_core.methods import preset
+from copc_core.rl.methods import preset
 
 DEFAULT_METHODS = [
     "sync_ppo",
@@ -61,7 +61,7 @@ def run_config(method: str, k: int, seed: int, steps: int, variant: str) -> RunC
 
 
 def one_run(method: str, k: int, seed: int, steps: int, variant: str, cache_dir: str) -> dict:
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
     from infra.checkpoints import cached_warm_start
     from infra.settings import configure_torch_threads
 

@@ -6,7 +6,7 @@ training–inference mismatch vLLM brings at equal weights. Runs in the vLLM-on-
 
 1. Throughput: the tiny HF model (`copc hf-tiny`'s default shape) warm-started on tool-math, then
    `--rounds` timed batches of `--episodes` tool episodes per engine, one after the other in this
-   process with the same torch thread count: the torch sampler (KV-cached, `copc_core/rollout.py`),
+   process with the same torch thread count: the torch sampler (KV-cached, `copc_core/engines/rollout.py`),
    vLLM eager (`vllm_enforce_eager`) and, with `--compiled`, vLLM with its torch.compile warm-up.
    Policy tokens per second of wall time, rollouts of whole tool episodes (tool calls, environment
    tokens, resumed generation), engine start-up printed apart.
@@ -31,13 +31,13 @@ import time
 
 import torch
 
-from copc_core.backends import build_model, make_engine
 from copc_core.config import ModelConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig, with_overrides
-from copc_core.hf import save_tiny_model
-from copc_core.learner import response_logprobs
+from copc_core.engines.backends import build_model, make_engine
+from copc_core.engines.hf import save_tiny_model
 from copc_core.tasks import make_task
-from copc_core.trainer import sampling_generator
-from copc_core.warmstart import warm_start
+from copc_core.train.learner import response_logprobs
+from copc_core.train.trainer import sampling_generator
+from copc_core.train.warmstart import warm_start
 
 
 def base_config(path: str) -> RunConfig:

@@ -24,8 +24,8 @@ def main() -> None:
     torch.set_num_threads(1)
     import ray
 
-    from copc_core.backends import build_model, snapshot
     from copc_core.config import RunConfig, with_overrides
+    from copc_core.engines.backends import build_model, snapshot
     from infra.packed_weights import pack, unpack
     from infra.ray_runtime import init_ray
 

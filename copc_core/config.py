@@ -1,7 +1,7 @@
 """Configuration: a tree of frozen pydantic models, validated once at the edge.
 
 `RunConfig` (added with the training engine) holds a `MethodConfig`; the method registry resolves
-it into a `MethodSpec` (copc_core.methods). Sweep overrides build a new config with
+it into a `MethodSpec` (copc_core.rl.methods). Sweep overrides build a new config with
 `with_overrides`, which re-validates the whole tree (pydantic's `model_copy(update=...)` does not).
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, Field, WithJsonSchema, model_validator
 
-from copc_core.methods import FROZEN, Anchor, MethodSpec, method_names, method_spec, preset
+from copc_core.rl.methods import FROZEN, Anchor, MethodSpec, method_names, method_spec, preset
 
 # A band τ ≥ 1 that may be ∞. JSON has no ∞: the models write it as the string "Infinity" (ser_json_inf_nan) and
 # read it back; the JSON schema says so, so that schema validators (Prefect's, for deployment parameters) accept it.

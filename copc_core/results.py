@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from copc_core.stability import RunSummary
+from copc_core.train.stability import RunSummary
 
 
 @dataclass(frozen=True)

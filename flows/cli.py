@@ -155,7 +155,7 @@ Anchor = _choices("MethodConfig", "anchor")
 def _default(path: str) -> str:
     """The value at a dotted path of `copc train`'s default run (the preset embedded-default), for --help (a flag left
     out keeps it)."""
-    from copc_core.run_presets import run_preset
+    from copc_core.train.run_presets import run_preset
 
     node = run_preset("embedded-default").model_dump()
     for key in path.split("."):
@@ -167,7 +167,7 @@ def train_config(preset: Optional[str], config: Optional[pathlib.Path], task: Op
     """`copc train`'s RunConfig: a --config file, or a run preset (default: the default sweep's trial, the search
     regime's for --task search), with the flags over it (a --method keeps the preset's bands it has); exit 2 naming
     what is wrong."""
-    from copc_core.run_presets import run_preset, with_method
+    from copc_core.train.run_presets import run_preset, with_method
 
     if config is not None and preset is not None:
         _fail("give --config or --preset, not both")
@@ -181,7 +181,7 @@ def train_config(preset: Optional[str], config: Optional[pathlib.Path], task: Op
 
 
 def _run_presets() -> str:
-    from copc_core.run_presets import RUN_PRESETS
+    from copc_core.train.run_presets import RUN_PRESETS
 
     return " | ".join(RUN_PRESETS)
 
@@ -298,8 +298,8 @@ def _runtime_for(cfg, runtime: Runtime) -> Runtime:
 
 def _runnable_here(cfg) -> None:
     """Exit 2 before anything runs when the run's device or rollout engine is not on this machine."""
-    from copc_core.backends import device as model_device
-    from copc_core.backends import engine_problem
+    from copc_core.engines.backends import device as model_device
+    from copc_core.engines.backends import engine_problem
 
     try:
         model_device(cfg)  # the warm start and the in-process learner run here
@@ -368,7 +368,7 @@ def methods() -> None:
 
     Every preset with a policy side takes `method.anchor` (behavior | recomputed | interpolated) and
     the other options of docs/ALGORITHMS.md §2 (`copc train --anchor`, or a --config file)."""
-    from copc_core.methods import METHODS, describe, method_spec
+    from copc_core.rl.methods import METHODS, describe, method_spec
 
     for name, row in METHODS.items():
         typer.echo(f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}\n    source: {row.source}")
@@ -397,7 +397,7 @@ def hf_tiny(
 
     Nothing is downloaded; train it with `copc train --hf-model PATH` to try the HF backend on a CPU."""
     from copc_core.config import default_task
-    from copc_core.hf import save_tiny_model
+    from copc_core.engines.hf import save_tiny_model
     from copc_core.tasks import make_task
 
     if hidden % heads:

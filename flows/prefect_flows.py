@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
-from copc_core.run_presets import RUN_PRESETS
+from copc_core.train.run_presets import RUN_PRESETS
 from infra.settings import Runtime
 from sweeps.presets import PRESETS
 from sweeps.space import Band, Sampler, SweepName, SweepSpace
@@ -87,7 +87,7 @@ class TrainParams(BaseModel):
     def run_config(self) -> RunConfig:
         """The run's config: `config` or the preset, with the overrides applied (re-validated)."""
         from copc_core.config import with_overrides
-        from copc_core.run_presets import run_preset, with_method
+        from copc_core.train.run_presets import run_preset, with_method
 
         base = self.config if self.config is not None else run_preset(self.preset)
         return with_overrides(with_method(base, self.overrides.get("method.name")), self.overrides)

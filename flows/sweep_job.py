@@ -112,7 +112,7 @@ def _announce(sweep, tracker, name: str, space: SweepSpace, hooks: SweepHooks) -
 def warm_cache(configs: list[RunConfig], cache: pathlib.Path, on_warm=None) -> None:
     """Build the SFT warm start of every distinct warm-start section of `configs` not cached yet (a progress bar on
     a terminal; `on_warm(step, total, loss)` for another display)."""
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from infra.checkpoints import cached_warm_start
 
     bar = Bar("warm start (SFT, cached for later)")

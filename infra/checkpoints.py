@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from copc_core.config import RunConfig
-from copc_core.warmstart import warm_start, warm_start_key
+from copc_core.train.warmstart import warm_start, warm_start_key
 
 
 class CheckpointError(RuntimeError):

@@ -7,8 +7,8 @@ import pathlib
 from collections.abc import Callable
 
 from copc_core.config import RunConfig
-from copc_core.stability import RunSummary
-from copc_core.trainer import Trainer
+from copc_core.train.stability import RunSummary
+from copc_core.train.trainer import Trainer
 from infra.checkpoints import cached_warm_start, has_checkpoint, load_checkpoint, save_checkpoint
 from infra.settings import configure_torch_threads
 

@@ -39,13 +39,13 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from copc_core.backends import build_model, make_engine, snapshot
 from copc_core.config import RunConfig
-from copc_core.learner import Learner
-from copc_core.rollout import TrajectoryBatch, episode_stats
-from copc_core.stability import RunSummary, summarise
-from copc_core.tensors import NonFiniteError
-from copc_core.trainer import WARMUP_KEY_OFFSET, ProblemStream, behavior_version, evaluate, sampling_generator
+from copc_core.engines.backends import build_model, make_engine, snapshot
+from copc_core.engines.rollout import TrajectoryBatch, episode_stats
+from copc_core.rl.tensors import NonFiniteError
+from copc_core.train.learner import Learner
+from copc_core.train.stability import RunSummary, summarise
+from copc_core.train.trainer import WARMUP_KEY_OFFSET, ProblemStream, behavior_version, evaluate, sampling_generator
 from infra.packed_weights import PackedWeights, pack, unpack
 
 CHUNK_KEY_OFFSET = 10_000_000  # seed keys of free-running chunks never meet those of lag-k steps

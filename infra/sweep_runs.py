@@ -19,7 +19,7 @@ def _train_trial(config_json: str, cache_dir: str, stream: dict | None = None) -
     step records while it trains."""
     import torch
 
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
     from infra.checkpoints import cached_warm_start
 
     config = RunConfig.model_validate_json(config_json)

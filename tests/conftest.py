@@ -17,7 +17,7 @@ def tiny_config(method: str = "copc", staleness: int = 0, steps: int = 4, seed: 
 
 @pytest.fixture(scope="session")
 def tiny_warm_state():
-    from copc_core.warmstart import warm_start
+    from copc_core.train.warmstart import warm_start
 
     return warm_start(tiny_config())
 
@@ -38,7 +38,7 @@ def local_ray():
 def pytest_collection_modifyitems(config, items):
     """`vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped, with
     the reason, where it does not."""
-    from copc_core.vllm_engine import vllm_unavailable_reason
+    from copc_core.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
     if reason is None:

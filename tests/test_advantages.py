@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from copc_core.advantages import (
+from copc_core.rl.advantages import (
     copc_advantages,
     gae_advantages,
     masked_whiten,

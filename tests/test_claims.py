@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from copc_core.methods import preset
+from copc_core.rl.methods import preset
 from reports.analysis import additive_null
 from reports.claims import claim_tables, has_claims
 from sweeps.presets import CLAIMS_BASELINES, CLAIMS_SPACE, PRESETS

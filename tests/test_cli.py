@@ -51,7 +51,7 @@ def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path
 
 def test_a_rollout_engine_that_cannot_run_here_exits_2_before_anything_runs(tmp_path):
     """The default venv has no vLLM: a vLLM run says so, and how to get it, before the warm start."""
-    from copc_core.vllm_engine import vllm_unavailable_reason
+    from copc_core.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason("cpu")
     if reason is None:
@@ -118,7 +118,7 @@ def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it
 
 
 def test_methods_lists_the_registry(tmp_path):
-    from copc_core.methods import METHODS, describe, method_spec
+    from copc_core.rl.methods import METHODS, describe, method_spec
 
     out = copc("methods", data_dir=tmp_path)
     assert out.returncode == 0
@@ -304,7 +304,7 @@ def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path):
 
 
 def test_the_run_presets_validate_and_size_the_cluster():
-    from copc_core.run_presets import RUN_PRESETS
+    from copc_core.train.run_presets import RUN_PRESETS
 
     for name, cfg in RUN_PRESETS.items():
         assert type(cfg).model_validate_json(cfg.model_dump_json()) == cfg
@@ -315,7 +315,7 @@ def test_the_run_presets_validate_and_size_the_cluster():
 
 
 def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_path):
-    from copc_core.run_presets import run_preset
+    from copc_core.train.run_presets import run_preset
 
     out = copc("train", "--help", data_dir=tmp_path, COLUMNS="250")
     d = run_preset("embedded-default")  # what `copc train` runs with no --preset or --config
@@ -343,7 +343,7 @@ def test_sweep_help_names_every_preset_and_shows_the_reading_in_brackets(tmp_pat
 def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
     from pydantic import ValidationError
 
-    from copc_core.run_presets import run_preset
+    from copc_core.train.run_presets import run_preset
     from flows.prefect_flows import TrainParams
 
     short = TrainParams(preset="embedded-search", overrides={"method.name": "tis", "train.staleness": 4})
@@ -364,7 +364,7 @@ def test_the_train_form_is_a_preset_and_dotted_overrides_or_a_whole_config():
 def test_copc_train_by_default_is_a_trial_of_the_default_sweep_and_a_cells_flags_rerun_that_cell():
     """`copc train` ran RunConfig()'s defaults (lr 3e-4, batch 128, shared critic, no critic warm-up), not the study's
     regime the default sweep runs: a run could not be set beside a sweep cell and built a warm start of its own."""
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from flows.cli import train_config
     from sweeps.presets import sweep_preset
     from sweeps.space import with_axes

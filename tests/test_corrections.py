@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from copc_core.corrections import (
+from copc_core.rl.corrections import (
     anchor_log_prob,
     behavior_log_ratio,
     geometric_band_correction,

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from copc_core.corrections import no_correction, ratio_band_correction
-from copc_core.diagnostics import (
+from copc_core.rl.corrections import no_correction, ratio_band_correction
+from copc_core.rl.diagnostics import (
     behavior_kl,
     effective_sample_size,
     exact_kl,

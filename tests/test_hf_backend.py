@@ -7,16 +7,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from copc_core.backends import build_model, make_engine
 from copc_core.config import ModelConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig, with_overrides
-from copc_core.hf import CHAT_TEMPLATE, HFCodec, load_tokenizer, save_tiny_model, segments
-from copc_core.learner import response_logprobs
-from copc_core.rollout import ToolEpisodes
+from copc_core.engines.backends import build_model, make_engine
+from copc_core.engines.hf import CHAT_TEMPLATE, HFCodec, load_tokenizer, save_tiny_model, segments
+from copc_core.engines.rollout import ToolEpisodes
 from copc_core.tasks import make_task
 from copc_core.tasks.base import TOOL_GRAMMAR_PROMPT
 from copc_core.tasks.tool_math import calculator
-from copc_core.trainer import Trainer, sampling_generator
-from copc_core.warmstart import warm_start
+from copc_core.train.learner import response_logprobs
+from copc_core.train.trainer import Trainer, sampling_generator
+from copc_core.train.warmstart import warm_start
 
 
 @pytest.fixture(scope="module", autouse=True)

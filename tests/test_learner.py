@@ -12,17 +12,17 @@ import math
 import pytest
 import torch
 
-from copc_core.advantages import masked_whiten
-from copc_core.backends import build_model, make_engine
 from copc_core.config import with_overrides
-from copc_core.corrections import behavior_log_ratio
-from copc_core.diagnostics import sequence_effective_sample_size
-from copc_core.learner import CRITIC_PARAMETERS, Learner, response_distributions, response_logprobs, rows_logprobs
-from copc_core.losses import clipped_value_loss, ppo_actor_loss
-from copc_core.methods import correct_policy, estimate_advantages
-from copc_core.rollout import policy_widths
-from copc_core.tensors import masked_mean
-from copc_core.trainer import ProblemStream, sampling_generator
+from copc_core.engines.backends import build_model, make_engine
+from copc_core.engines.rollout import policy_widths
+from copc_core.rl.advantages import masked_whiten
+from copc_core.rl.corrections import behavior_log_ratio
+from copc_core.rl.diagnostics import sequence_effective_sample_size
+from copc_core.rl.losses import clipped_value_loss, ppo_actor_loss
+from copc_core.rl.methods import correct_policy, estimate_advantages
+from copc_core.rl.tensors import masked_mean
+from copc_core.train.learner import CRITIC_PARAMETERS, Learner, response_distributions, response_logprobs, rows_logprobs
+from copc_core.train.trainer import ProblemStream, sampling_generator
 from tests.conftest import tiny_config
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from copc_core.losses import cispo_actor_loss, clipped_value_loss, ppo_actor_loss
+from copc_core.rl.losses import cispo_actor_loss, clipped_value_loss, ppo_actor_loss
 
 D = torch.float64
 

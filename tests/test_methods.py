@@ -7,8 +7,8 @@ import torch
 from pydantic import ValidationError
 
 from copc_core.config import MethodConfig, with_overrides
-from copc_core.losses import clipped_value_loss
-from copc_core.methods import (
+from copc_core.rl.losses import clipped_value_loss
+from copc_core.rl.methods import (
     COPC_READING,
     METHODS,
     PolicySide,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from copc_core.models import GPTShape, TinyGPT, count_parameters
+from copc_core.engines.models import GPTShape, TinyGPT, count_parameters
 
 
 def model(separate_critic=False):

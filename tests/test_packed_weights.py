@@ -4,7 +4,7 @@ import pytest
 import ray
 import torch
 
-from copc_core.backends import build_model
+from copc_core.engines.backends import build_model
 from infra.packed_weights import ALIGN, pack, unpack
 from tests.conftest import tiny_config
 

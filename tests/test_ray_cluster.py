@@ -56,7 +56,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
         job = textwrap.dedent(f"""
             import ray
             from tests.conftest import tiny_config
-            from copc_core.warmstart import warm_start
+            from copc_core.train.warmstart import warm_start
             from copc_core.config import with_overrides
             from infra.ray_runtime import RayTrainer, init_ray
             init_ray(address={address!r})

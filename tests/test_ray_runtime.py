@@ -5,7 +5,7 @@ import ray
 import torch
 
 from copc_core.config import with_overrides
-from copc_core.trainer import Trainer
+from copc_core.train.trainer import Trainer
 from infra.packed_weights import unpack
 from infra.ray_runtime import LearnerActor, RayTrainer, RuntimeTimeoutError
 from tests.conftest import tiny_config
@@ -83,7 +83,7 @@ def test_uniform_lag_and_critic_warmup_match_the_in_process_trainer(tiny_warm_st
 
 def _critic_trunk(cfg):
     """The initial critic trunk of a separate-critic model (the SFT warm start trains the policy only)."""
-    from copc_core.backends import build_model
+    from copc_core.engines.backends import build_model
 
     return {k: v for k, v in build_model(cfg, cfg.warm_start.seed).state_dict().items() if k.startswith("critic_trunk")}
 

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from copc_core.config import RunConfig, with_overrides
-from copc_core.methods import METHODS
+from copc_core.rl.methods import METHODS
 from tests.conftest import tiny_config
 
 below_one = st.one_of(st.floats(max_value=0.999, allow_nan=False, allow_infinity=True), st.just(math.nan))
@@ -231,7 +231,7 @@ def test_non_finite_inputs_stop_the_run_by_name_and_no_nan_reaches_a_checkpoint(
     """Through the real in-process run: rollout log-probs, rewards, or the learner's own value
     forward pass turn non-finite at one step; the run stops there with reason `non_finite`, the
     update is not applied, the checkpoint on disk is all finite, and summary.json says so."""
-    from copc_core import learner as learner_mod
+    from copc_core.train import learner as learner_mod
     from infra.checkpoints import load_checkpoint
     from infra.local_run import train_in_process
 
@@ -501,8 +501,8 @@ def test_a_report_of_nothing_creates_no_store(tmp_path):
 
 def test_valid_edge_configs_run(tiny_warm_state):
     """No warm start at all and a single minibatch (the whole batch in one update) are valid, and train."""
-    from copc_core.trainer import Trainer
-    from copc_core.warmstart import warm_start
+    from copc_core.train.trainer import Trainer
+    from copc_core.train.warmstart import warm_start
 
     cfg = with_overrides(tiny_config(steps=2), {"warm_start.steps": 0, "train.minibatches": 1})
     summary = Trainer(cfg, warm_start(cfg)).run()

@@ -1,9 +1,9 @@
 import torch
 
-from copc_core.backends import build_model
-from copc_core.learner import response_logprobs
-from copc_core.rollout import EpisodeLimits, TorchSampler, TrajectoryBatch
+from copc_core.engines.backends import build_model
+from copc_core.engines.rollout import EpisodeLimits, TorchSampler, TrajectoryBatch
 from copc_core.tasks.tool_math import CALL_CLOSE, CALL_OPEN, RESULT_END, VOCAB, ToolMathTask, calculator, make_problems
+from copc_core.train.learner import response_logprobs
 from tests.conftest import tiny_config
 
 

@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from copc_core.backends import model_shape
 from copc_core.config import RunConfig, SearchTaskConfig, TrainConfig, WarmStartConfig, default_task, with_overrides
-from copc_core.rollout import ToolEpisodes
+from copc_core.engines.backends import model_shape
+from copc_core.engines.rollout import ToolEpisodes
 from copc_core.tasks.base import CALL_CLOSE, CALL_OPEN, ERROR, CharCodec, answer_span, environment_mask
 from copc_core.tasks.search import MAX_QUERY_CHARS, RELATIONS, SearchTask, parse_query
-from copc_core.trainer import ProblemStream, Trainer
-from copc_core.warmstart import warm_start, warm_start_key
+from copc_core.train.trainer import ProblemStream, Trainer
+from copc_core.train.warmstart import warm_start, warm_start_key
 
 TASK = SearchTask(SearchTaskConfig())
 

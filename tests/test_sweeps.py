@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from copc_core.results import TrialResult
-from copc_core.stability import RunSummary
+from copc_core.train.stability import RunSummary
 from sweeps.space import SweepSpace, objective_value
 from sweeps.study import (
     FAIL_REASON,
@@ -241,7 +241,7 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
 
 
 def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra.checkpoints import save_checkpoint
 
@@ -298,7 +298,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
 def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state):
     """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
     own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from flows.sweep_job import grid_table, run_sweep
     from infra.checkpoints import save_checkpoint
     from infra.tracking import read_sweeps
@@ -328,7 +328,7 @@ def _sweep_files(tmp_path, warm_state, steps: int) -> dict[str, str]:
     (a data folder of its own, no MLflow or Prefect server inherited from the test session)."""
     import os
 
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from infra.checkpoints import save_checkpoint
 
     base = tiny_config(steps=steps)
@@ -498,7 +498,7 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
 
 def _one_point_sweep(tmp_path, warm_state):
     """A one-point sweep "w" with its warm start cached, and its MLflow parent run opened (no trial yet)."""
-    from copc_core.warmstart import warm_start_key
+    from copc_core.train.warmstart import warm_start_key
     from infra.checkpoints import save_checkpoint
     from infra.tracking import Tracker
 
@@ -819,8 +819,8 @@ def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grow
     changed, a grown study reused results of the old definition. Each trial now records the method as resolved; a
     study holding another definition's results is refused, naming the method, and MLflow's logged results of it are
     not recovered as today's."""
-    from copc_core import methods
     from copc_core.config import MethodConfig
+    from copc_core.rl import methods
     from sweeps.study import METHOD_SPEC, StudyFormatError, changed_definitions
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from copc_core.config import with_overrides
-from copc_core.stability import area_under_curve, collapse_step, drops, spikes, sustained_collapse_step
-from copc_core.trainer import BoundedStalenessNeedsRayError, Trainer, behavior_version
+from copc_core.train.stability import area_under_curve, collapse_step, drops, spikes, sustained_collapse_step
+from copc_core.train.trainer import BoundedStalenessNeedsRayError, Trainer, behavior_version
 from tests.conftest import tiny_config
 
 TIMING = ("time/",)
@@ -198,7 +198,7 @@ def test_warnings_and_auc():
 def test_critic_layouts_share_the_warm_started_policy():
     """The SFT warm start trains the policy only: its weights do not depend on the critic's layout; with
     critic_init "policy" the separate critic trunk starts as a copy of the warm-started policy trunk."""
-    from copc_core.warmstart import warm_start
+    from copc_core.train.warmstart import warm_start
 
     shared = warm_start(tiny_config())
     separate = warm_start(with_overrides(tiny_config(), {"model.separate_critic": True}))

@@ -8,9 +8,9 @@ import importlib.util
 import pytest
 import torch
 
-from copc_core import vllm_engine
 from copc_core.config import ModelConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig, with_overrides
-from copc_core.vllm_engine import (
+from copc_core.engines import vllm_engine
+from copc_core.engines.vllm_engine import (
     WeightSyncTimeout,
     hf_weights,
     memory_problem,
@@ -145,9 +145,9 @@ def vllm_config(path) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def vllm_setup(tmp_path_factory):
-    from copc_core.hf import save_tiny_model
+    from copc_core.engines.hf import save_tiny_model
     from copc_core.tasks import make_task
-    from copc_core.warmstart import warm_start
+    from copc_core.train.warmstart import warm_start
 
     path = save_tiny_model(tmp_path_factory.mktemp("hf") / "tiny-llama", make_task(ToolMathTaskConfig()))
     cfg = vllm_config(path)
@@ -156,7 +156,7 @@ def vllm_setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(vllm_setup):
-    from copc_core.backends import make_engine
+    from copc_core.engines.backends import make_engine
 
     return make_engine(vllm_setup[0])
 
@@ -172,10 +172,10 @@ def perturbed(state: dict, seed: int, scale: float = 0.05) -> dict:
 
 @pytest.mark.vllm
 def test_vllm_log_probs_equal_the_learners_recompute_after_every_weight_sync(vllm_setup, engine):
-    from copc_core.backends import build_model
-    from copc_core.learner import response_logprobs
+    from copc_core.engines.backends import build_model
     from copc_core.tasks import make_task
-    from copc_core.trainer import sampling_generator
+    from copc_core.train.learner import response_logprobs
+    from copc_core.train.trainer import sampling_generator
 
     cfg, warm = vllm_setup
     model = build_model(cfg, 0)
@@ -194,8 +194,8 @@ def test_vllm_log_probs_equal_the_learners_recompute_after_every_weight_sync(vll
 
 @pytest.mark.vllm
 def test_a_model_vllm_cannot_serve_is_refused_before_it_starts(tmp_path):
-    from copc_core.backends import make_engine
-    from copc_core.hf import save_tiny_model
+    from copc_core.engines.backends import make_engine
+    from copc_core.engines.hf import save_tiny_model
     from copc_core.tasks import make_task
 
     if vllm_device() != "cpu":
@@ -207,7 +207,7 @@ def test_a_model_vllm_cannot_serve_is_refused_before_it_starts(tmp_path):
 
 @pytest.mark.vllm
 def test_a_memory_share_vllm_cannot_reserve_is_refused_before_it_starts(vllm_setup):
-    from copc_core.backends import make_engine
+    from copc_core.engines.backends import make_engine
 
     cfg = with_overrides(vllm_setup[0], {"model.vllm_kv_cache_gib": 4000.0})
     with pytest.raises(RuntimeError, match="cannot start: vllm_kv_cache_gib asks for 4000.0 GiB, but only"):
@@ -216,7 +216,7 @@ def test_a_memory_share_vllm_cannot_reserve_is_refused_before_it_starts(vllm_set
 
 @pytest.mark.vllm
 def test_a_few_copc_steps_with_vllm_rollouts(vllm_setup):
-    from copc_core.trainer import Trainer
+    from copc_core.train.trainer import Trainer
 
     cfg, warm = vllm_setup
     trainer = Trainer(cfg, warm)

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from torch import Tensor
 
 from copc_core.config import MethodConfig
-from copc_core.methods import Anchor, actor_loss, estimate_advantages, policy_terms
+from copc_core.rl.methods import Anchor, actor_loss, estimate_advantages, policy_terms
 
 DTYPE = torch.float64
 

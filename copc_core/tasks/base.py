@@ -49,7 +49,7 @@ class CharCodec:
 
     The rollout engines, the warm start and the learner see a task's text only through a codec
     (`pad_id`, `prompt_ids`, `env_ids`, `piece`, `ends`, `response_ids`); the Hugging Face backend
-    (copc_core.hf) implements the same methods with a subword tokenizer.
+    (copc_core.engines.hf) implements the same methods with a subword tokenizer.
     """
 
     supports_padding = False  # the tiny GPT has no attention mask: prompts of a batch share one length
@@ -108,7 +108,7 @@ def count_tool_calls(response: str) -> int:
 
 
 class Codec(Protocol):
-    """Token ids ↔ text for one model family (CharCodec; copc_core.hf.HFCodec)."""
+    """Token ids ↔ text for one model family (CharCodec; copc_core.engines.hf.HFCodec)."""
 
     pad_id: int
     supports_padding: bool  # prompts of different token lengths may share a batch (left padding)

@@ -6,7 +6,7 @@ as a bounded-staleness system sees it); the trainer keeps a ring of the last k +
 snapshots. k = 0 is synchronous PPO. Before the first policy update, `critic_warmup_steps`
 value-only updates run on batches sampled with the warm start (no version spent, policy
 untouched). Evaluation on held-out prompts every `eval_every` steps (and at step 0, the warm
-start), collapse detection and the `RunSummary` come from copc_core.stability. `state_dict()`
+start), collapse detection and the `RunSummary` come from copc_core.train.stability. `state_dict()`
 holds everything a resumed run needs to continue identically (weights, optimiser, RNG states,
 snapshot ring, step, history, critic warm-up).
 
@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import torch
 
-from copc_core.backends import build_model, make_engine, snapshot
 from copc_core.config import RunConfig
-from copc_core.learner import Learner
-from copc_core.rollout import RolloutEngine, episode_stats
-from copc_core.stability import RunSummary, summarise
+from copc_core.engines.backends import build_model, make_engine, snapshot
+from copc_core.engines.rollout import RolloutEngine, episode_stats
+from copc_core.rl.tensors import NonFiniteError
 from copc_core.tasks import make_task
-from copc_core.tensors import NonFiniteError
+from copc_core.train.learner import Learner
+from copc_core.train.stability import RunSummary, summarise
 
 WARMUP_KEY_OFFSET = 20_000_000  # problem/sampling keys of critic warm-up batches never meet those of steps
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from copc_core.tensors import LOG_RATIO_CLAMP, check_float_mask, check_same_shape, masked_mean
+from copc_core.rl.tensors import LOG_RATIO_CLAMP, check_float_mask, check_same_shape, masked_mean
 
 
 class ActorLoss(NamedTuple):
@@ -42,7 +42,7 @@ def ppo_actor_loss(
         L = Σ_t keep_t ℓ_t / N,  N = Σ mask_t (default) or Σ keep_t (`normalise_by_kept`)
 
     `weight` and `keep` come from a `PolicyCorrection`; `logp_anchor` is the reading's anchor
-    (copc_core.corrections). ε_lo = 1 and ε_hi = ∞ leave the ratio unclipped (clip(r, 0, ∞) = r).
+    (copc_core.rl.corrections). ε_lo = 1 and ε_hi = ∞ leave the ratio unclipped (clip(r, 0, ∞) = r).
     The log-ratio clamp means a ratio of exp(89) yields a finite loss and zero (not NaN)
     gradient. Schulman et al. 2017, arXiv 1707.06347, eq. 7.
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from copc_core.tensors import LOG_RATIO_CLAMP, check_float_mask, check_same_shape, masked_mean
+from copc_core.rl.tensors import LOG_RATIO_CLAMP, check_float_mask, check_same_shape, masked_mean
 
 _SCAN_CHUNK = 32
 

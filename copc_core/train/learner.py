@@ -23,18 +23,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from copc_core.advantages import masked_whiten
 from copc_core.config import RunConfig
-from copc_core.corrections import PolicyCorrection, behavior_log_ratio
-from copc_core.diagnostics import (
+from copc_core.engines.rollout import ActorCritic, TrajectoryBatch, policy_widths
+from copc_core.rl.advantages import masked_whiten
+from copc_core.rl.corrections import PolicyCorrection, behavior_log_ratio
+from copc_core.rl.diagnostics import (
     behavior_kl,
     exact_kl,
     explained_variance,
     ratio_diagnostics,
     trace_diagnostics,
 )
-from copc_core.losses import clipped_value_loss
-from copc_core.methods import (
+from copc_core.rl.losses import clipped_value_loss
+from copc_core.rl.methods import (
     AdvantageEstimate,
     MethodSpec,
     PolicyTerms,
@@ -44,8 +45,7 @@ from copc_core.methods import (
     policy_terms,
     step_size_scale,
 )
-from copc_core.rollout import ActorCritic, TrajectoryBatch, policy_widths
-from copc_core.tensors import NonFiniteError, masked_mean
+from copc_core.rl.tensors import NonFiniteError, masked_mean
 
 CRITIC_PARAMETERS = ("value_head", "critic_trunk")  # parameter-name prefixes of the critic (tiny GPT and HF)
 

@@ -37,7 +37,7 @@ import os
 import torch
 from torch import Tensor
 
-from copc_core.rollout import EpisodeLimits, ToolEpisodes, TrajectoryBatch, left_pad
+from copc_core.engines.rollout import EpisodeLimits, ToolEpisodes, TrajectoryBatch, left_pad
 from copc_core.tasks.base import CALL_CLOSE, Codec, Task
 
 

@@ -10,8 +10,8 @@ import math
 import torch
 from torch import Tensor
 
-from copc_core.corrections import PolicyCorrection
-from copc_core.tensors import check_float_mask, check_same_shape, masked_mean
+from copc_core.rl.corrections import PolicyCorrection
+from copc_core.rl.tensors import check_float_mask, check_same_shape, masked_mean
 
 
 def effective_sample_size(weight: Tensor, mask: Tensor) -> Tensor:

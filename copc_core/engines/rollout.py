@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from copc_core.rl.tensors import NonFiniteError
 from copc_core.tasks.base import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -26,7 +27,6 @@ from copc_core.tasks.base import (
     Task,
     count_tool_calls,
 )
-from copc_core.tensors import NonFiniteError
 
 
 @dataclass
@@ -125,7 +125,7 @@ class NonFiniteBatchError(NonFiniteError):
 
 
 class ActorCritic(Protocol):
-    """What the sampler and the learner need from a model (TinyGPT, copc_core.hf.HFActorCritic).
+    """What the sampler and the learner need from a model (TinyGPT, copc_core.engines.hf.HFActorCritic).
 
     forward(idx [B, T]) → (logits [B, T, V], values [B, T]); `policy_step` continues a cache.
     """
@@ -239,7 +239,7 @@ class EpisodeLimits(NamedTuple):
 class TorchSampler:
     """The torch rollout engine: a model's KV cache + the task's tool environment, batched.
 
-    Runs the tiny GPT (embedded default) or a Hugging Face model (copc_core.hf) on CPU or GPU;
+    Runs the tiny GPT (embedded default) or a Hugging Face model (copc_core.engines.hf) on CPU or GPU;
     the codec turns the task's text into the model's tokens.
     """
 

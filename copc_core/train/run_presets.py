@@ -116,7 +116,7 @@ def with_method(base: RunConfig, name: str | None) -> RunConfig:
     """`base` ready for method `name`: the bands it lacks (TIS has no τ_p) set back to None, so that a preset's bands
     are kept where the new method has them and never refused where it has not. An unknown name is left to the
     config's own validation."""
-    from copc_core.methods import has_band, method_names, preset
+    from copc_core.rl.methods import has_band, method_names, preset
 
     if name is None or name == base.method.name or name not in method_names():
         return base

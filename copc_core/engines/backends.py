@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from copc_core.config import RunConfig
-from copc_core.models import GPTShape, TinyGPT
-from copc_core.rollout import ActorCritic, EpisodeLimits, RolloutEngine, TorchSampler
+from copc_core.engines.models import GPTShape, TinyGPT
+from copc_core.engines.rollout import ActorCritic, EpisodeLimits, RolloutEngine, TorchSampler
 from copc_core.tasks import make_task
 from copc_core.tasks.base import CharCodec, Codec
 
@@ -50,14 +50,14 @@ def _tiny(config: RunConfig, seed: int) -> TinyGPT:
 
 
 def _hf(config: RunConfig, seed: int) -> ActorCritic:
-    from copc_core.hf import load_actor_critic
+    from copc_core.engines.hf import load_actor_critic
 
     m = config.model
     return load_actor_critic(m.hf_model, m.separate_critic, m.hf_dtype, m.hf_attn_implementation, seed)
 
 
 def _hf_codec(config: RunConfig) -> Codec:
-    from copc_core.hf import HFCodec, load_tokenizer
+    from copc_core.engines.hf import HFCodec, load_tokenizer
 
     return HFCodec(load_tokenizer(config.model.hf_model), config.model.system_prompt)
 
@@ -98,7 +98,7 @@ def _torch_engine(config: RunConfig) -> RolloutEngine:
 
 
 def _vllm_engine(config: RunConfig) -> RolloutEngine:
-    from copc_core.vllm_engine import VLLMEngine
+    from copc_core.engines.vllm_engine import VLLMEngine
 
     m, t, task = config.model, config.train, config.task
     return VLLMEngine(
@@ -116,7 +116,7 @@ def _vllm_engine(config: RunConfig) -> RolloutEngine:
 
 
 def _vllm_problem(config: RunConfig) -> str | None:
-    from copc_core.vllm_engine import vllm_unavailable_reason
+    from copc_core.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason(config.model.device)
     return None if reason is None else f"the vLLM rollout engine cannot run here: {reason}"

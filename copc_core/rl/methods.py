@@ -18,8 +18,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from copc_core.advantages import AdvantageOutput, copc_advantages, gae_advantages, trace_coefficients
-from copc_core.corrections import (
+from copc_core.rl.advantages import AdvantageOutput, copc_advantages, gae_advantages, trace_coefficients
+from copc_core.rl.corrections import (
     PolicyCorrection,
     anchor_log_prob,
     behavior_log_ratio,
@@ -32,8 +32,8 @@ from copc_core.corrections import (
     staleness_alpha,
     truncated_ratio_correction,
 )
-from copc_core.diagnostics import sequence_effective_sample_size
-from copc_core.losses import ActorLoss, cispo_actor_loss, ppo_actor_loss
+from copc_core.rl.diagnostics import sequence_effective_sample_size
+from copc_core.rl.losses import ActorLoss, cispo_actor_loss, ppo_actor_loss
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 

@@ -15,8 +15,8 @@ import random
 
 import torch
 
-from copc_core.backends import build_model, make_codec, snapshot
 from copc_core.config import RunConfig
+from copc_core.engines.backends import build_model, make_codec, snapshot
 from copc_core.tasks import make_task
 from copc_core.tasks.base import Codec
 
