@@ -234,6 +234,7 @@ def test_late_training_section_draws_the_survival_steps_and_the_collapse_table(b
     records = late_records()
     path = tmp_path / "late.html"
     path.write_text(render(ReportData("Late", frame(records), curves_frame(records), n_boot=200)), encoding="utf-8")
+    browser.get_log("browser")  # drained: the module's browser holds the earlier tests' console lines
     browser.get(path.as_uri())
     WebDriverWait(browser, 60).until(
         lambda d: d.execute_script("const s = document.getElementById('survival'); return !!(s && s._fullLayout)")
