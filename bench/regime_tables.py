@@ -175,7 +175,7 @@ def _ci(mean: float, low: float, high: float, sign: str = "+") -> str:
 
 
 def long_table(runs: pd.DataFrame, curves: pd.DataFrame, marks: tuple[int, ...] = (300, 600, 1000)) -> str:
-    """The long study's read-outs (docs/journal/2026-12-06-long-study-plan.md): per (method, k), collapses and
+    """The long study's read-outs (docs/journal/2026-12-06-1-long-study-plan.md): per (method, k), collapses and
     their steps, the share not yet collapsed at `marks`, final accuracy, final − peak and late-half AUC; then each
     COPC reading minus each other method, paired by seed, on final accuracy and late-half AUC."""
     scored = runs[runs["scored"]]

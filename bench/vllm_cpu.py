@@ -17,7 +17,7 @@ training–inference mismatch vLLM brings at equal weights. Runs in the vLLM-on-
    (Schulman's low-variance one; both unbiased for KL over tokens sampled from μ).
 
 No target: the figures are what a user choosing an engine for CPU work needs. They are recorded,
-with the machine, in docs/RESULTS.md.
+with the machine, in docs/journal/2026-12-05-3-vllm-cpu.md.
 """
 
 from __future__ import annotations

@@ -63,11 +63,11 @@ EMBEDDED_SPACE = SweepSpace(
     steps=EMBEDDED_CELL["train.steps"],
 )
 
-# The long study (docs/journal/2026-12-06-long-study-plan.md, written before it ran): claim (c) where the paper
+# The long study (docs/journal/2026-12-06-1-long-study-plan.md, written before it ran): claim (c) where the paper
 # puts it, late in training. Each reading of COPC at one cell, fixed from the 300-step study before any long run: the
 # cell leave-one-seed-out chose most often on seeds 0–4 at 64 updates of lag over the reading's 12 cells (τ_p ∈ {1.5,
-# 4} × τ_a ∈ {1, 1.1, 1.25, 1.5, 2, ∞}; the "cell chosen per seed" columns of RESULTS.md); every lagged baseline of the
-# registry; 1,000 learner steps; seeds 100–104, which no run of the study used. 64 updates (k = 32) only: the
+# 4} × τ_a ∈ {1, 1.1, 1.25, 1.5, 2, ∞}; the "cell chosen per seed" columns of docs/journal/); every lagged baseline of
+# the registry; 1,000 learner steps; seeds 100–104, which no run of the study used. 64 updates (k = 32) only: the
 # 300-step record does not print the 16-update choices of every reading (see the docs).
 LONG_STEPS = 1000
 LONG_SEEDS = [100, 101, 102, 103, 104]

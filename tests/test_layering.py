@@ -102,3 +102,15 @@ def test_copc_core_wings_point_one_way():
         ready = sorted(r for r in rooms - set(order) if all(t in order for s, t in arrows if s == r))
         assert ready, f"a cycle among {sorted(rooms - set(order))}: {sorted(arrows)}"
         order += ready
+
+
+def test_the_config_names_exactly_the_backends_and_engines_of_the_registry():
+    """A backend or engine added to copc_core/engines/backends.py must be a value the config accepts, and back."""
+    import typing
+
+    from copc_core.config import ModelConfig
+    from copc_core.engines.backends import BACKENDS, ENGINES
+
+    fields = ModelConfig.model_fields
+    assert set(typing.get_args(fields["backend"].annotation)) == set(BACKENDS)
+    assert set(typing.get_args(fields["rollout_engine"].annotation)) == set(ENGINES)

@@ -298,7 +298,7 @@ def test_reading_options_are_validated():
 def test_copc_and_its_ablations_share_the_default_reading():
     """Each ablation drops one channel of COPC and keeps the trust region's reading; the reading is one option away."""
     assert {method_spec(m).policy.anchor for m in ("copc", "copc_policy_only", "copc_advantage_only")} == {COPC_READING}
-    assert COPC_READING == "recomputed"  # docs/RESULTS.md: the rule, and the fresh seeds that did not confirm its pick
+    assert COPC_READING == "recomputed"  # docs/journal/2026-12-05-4-evening.md: the rule and the fresh seeds
     for reading in ("behavior", "interpolated"):
         assert MethodConfig(name="copc", anchor=reading).spec().policy.anchor == reading
     copc, policy_only = method_spec("copc", 2.0, 2.0), method_spec("copc_policy_only", 2.0)

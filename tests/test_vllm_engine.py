@@ -21,7 +21,7 @@ from copc_core.engines.vllm_engine import (
 GIB = 2**30
 # Behaviour and recomputed log-probs in float32 on both sides differ by the kernels' reduction order
 # only: measured max |Δ| 2.9e-6 on the tiny model (CPU backend). bfloat16 inside vLLM gives ≥ 2.5e-3
-# (docs/journal/2026-12-05-vllm-cpu.md, "the training–inference mismatch"), so 1e-4 passes kernel noise with
+# (docs/journal/2026-12-05-3-vllm-cpu.md, "the training–inference mismatch"), so 1e-4 passes kernel noise with
 # ~30x room and fails a dtype slip.
 LOGP_ATOL = 1e-4
 

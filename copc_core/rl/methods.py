@@ -149,10 +149,10 @@ class Preset(NamedTuple):
 
 
 # COPC's default reading of the trust region (which policy anchors the PPO ratio; docs/ALGORITHMS.md §2). The rule
-# docs/RESULTS.md wrote down before the 5-seed runs chose `interpolated` on seeds 0-4; the confirmation on fresh
-# seeds 5-9, also written down before it ran, did not bear it out, and the readings are not separated: by the rule's
-# last step the default stays `recomputed`. The others are one option away (`method.anchor`, `copc[interpolated]`).
-# The ablations keep it, so that each drops one channel and nothing else.
+# docs/journal/2026-12-05-4-evening.md wrote down before the 5-seed runs chose `interpolated` on seeds 0-4; the
+# confirmation on fresh seeds 5-9, also written down before it ran, did not bear it out, and the readings are not
+# separated: by the rule's last step the default stays `recomputed`. The others are one option away
+# (`method.anchor`, `copc[interpolated]`). The ablations keep it, so that each drops one channel and nothing else.
 COPC_READING: Anchor = "recomputed"
 
 
