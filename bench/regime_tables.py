@@ -21,7 +21,7 @@ import pandas as pd
 from copc_core.rl.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
-from reports.analysis import late_half_auc, late_stage, paired_difference, selection_free_scores, survival
+from reports.analysis import late_half_aucs, late_stage, paired_difference, selection_free_scores, survival
 from reports.claims import claim_tables, roles
 from reports.frames import curves_frame, runs_frame
 
@@ -198,11 +198,7 @@ def long_table(runs: pd.DataFrame, curves: pd.DataFrame, marks: tuple[int, ...] 
             + f" | {_ci(r.final_minus_peak, r.final_minus_peak_low, r.final_minus_peak_high)}"
             + f" | {_ci(r.late_auc, r.late_auc_low, r.late_auc_high, '')} |"
         )
-    evals = curves[curves["metric"] == "eval/accuracy"]
-    by_run = dict(tuple(evals.groupby("run_id")))
-    scored = scored.assign(
-        late_auc=[late_half_auc(by_run.get(r.run_id, evals.iloc[:0]), r.steps) for r in scored.itertuples()]
-    )
+    scored = scored.assign(late_auc=late_half_aucs(scored, curves))
     readings = sorted(m for m in scored["method"].unique() if m.startswith("copc"))
     for k, at in scored.groupby("staleness", sort=True):
         for metric, name in (("final_accuracy", "final accuracy"), ("late_auc", "late-half AUC")):

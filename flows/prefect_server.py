@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 
-LOOPBACK_NAMES = ["127.0.0.1", "localhost"]
-
 
 def allowed_hosts(host: str, extra: str | None) -> list[str]:
     """The Host names the server answers: loopback, the address it binds (unless a wildcard), and `extra`."""
-    names = [*LOOPBACK_NAMES, *(h.strip() for h in (extra or "").split(",") if h.strip())]
+    from infra.local_stack import LOOPBACK
+
+    names = [*LOOPBACK, *(h.strip() for h in (extra or "").split(",") if h.strip())]
     if host not in ("0.0.0.0", "::", ""):
         names.append(host)
     return list(dict.fromkeys(names))

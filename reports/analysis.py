@@ -351,16 +351,26 @@ def _mean_interval(values: np.ndarray, key: tuple, level: float) -> tuple[float,
     return mean, float(ci.confidence_interval.low), float(ci.confidence_interval.high)
 
 
+def late_half_aucs(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.Series:
+    """`late_half_auc` of every run of `runs` (indexed as `runs`), from its held-out accuracy in `curves`."""
+    evals = curves[curves["metric"] == "eval/accuracy"]
+    by_run = {run_id: g for run_id, g in evals.groupby("run_id")}
+    return pd.Series(
+        [late_half_auc(by_run.get(r.run_id, evals.iloc[:0]), r.steps) for r in runs.itertuples()],
+        index=runs.index,
+        dtype=float,
+    )
+
+
 def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Per (method, k): collapses and their steps, final − peak held-out accuracy and the late-half AUC
     (`late_half_auc`), seed means with BCa intervals."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
-    evals = curves[curves["metric"] == "eval/accuracy"]
-    by_run = {run_id: g for run_id, g in evals.groupby("run_id")}
+    scored = scored.assign(late_auc=late_half_aucs(scored, curves))
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
         lost = (g["final_accuracy"] - g["peak_accuracy"]).to_numpy(float)
-        late = np.array([late_half_auc(by_run.get(r.run_id, evals.iloc[:0]), r.steps) for r in g.itertuples()])
+        late = g["late_auc"].to_numpy(float)
         loss, loss_low, loss_high = _mean_interval(lost, ("final-peak", method, k), level)
         auc, auc_low, auc_high = _mean_interval(late, ("late-auc", method, k), level)
         steps = sorted(int(s) for s in g.loc[g["collapsed"], "collapse_step"].dropna())
