@@ -14,6 +14,10 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, Field, WithJsonSchema, model_validator
 
 from copc_core.rl.methods import FROZEN, Anchor, MethodSpec, method_names, method_spec, preset
+from copc_core.tasks import TASKS as BUILTIN_TASKS
+from copc_core.tasks.base import SEED_MAX, EpisodeTaskConfig
+from copc_core.tasks.search import SearchTaskConfig as SearchTaskConfig  # each task's config lives beside its task
+from copc_core.tasks.tool_math import ToolMathTaskConfig
 
 # A band τ ≥ 1 that may be ∞. JSON has no ∞: the models write it as the string "Infinity" (ser_json_inf_nan) and
 # read it back; the JSON schema says so, so that schema validators (Prefect's, for deployment parameters) accept it.
@@ -22,8 +26,6 @@ BandValue = Annotated[
     Field(ge=1.0),
     WithJsonSchema({"anyOf": [{"type": "number", "minimum": 1.0}, {"type": "string", "enum": ["Infinity", "inf"]}]}),
 ]
-
-SEED_MAX = 2**31 - 1  # seeds feed Python's and torch's generators; the limits below are ones a laptop can hold
 
 
 class MethodConfig(BaseModel):
@@ -172,65 +174,12 @@ class ModelConfig(BaseModel):
         return self
 
 
-class EpisodeTaskConfig(BaseModel):
-    """What every built-in task shares: the episode's budget, the evaluation set, the format reward."""
-
-    model_config = FROZEN
-
-    max_tool_calls: int = Field(3, ge=0, le=8)
-    max_response_tokens: int = Field(32, ge=4, le=256)
-    n_eval: int = Field(256, ge=8, le=100_000)
-    eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
-    format_reward: float = Field(0.0, ge=0.0, le=0.5)
+# the task of a run: one of the built-in tasks (copc_core.tasks.TASKS), told apart by `name`
+TaskConfig = Annotated[Union[tuple(entry.config for entry in BUILTIN_TASKS.values())], Field(discriminator="name")]
+TASKS = {name: entry.config for name, entry in BUILTIN_TASKS.items()}
 
 
-class ToolMathTaskConfig(EpisodeTaskConfig):
-    """The tool-math task: `a+b*c=` with the given operand digit counts and operators."""
-
-    name: Literal["tool_math"] = "tool_math"
-    operand_digits: tuple[int, ...] = (2, 2, 1)
-    ops: str = "+*"
-
-    @model_validator(mode="after")
-    def _shape(self) -> ToolMathTaskConfig:
-        if not self.operand_digits or any(not 1 <= d <= 4 for d in self.operand_digits):
-            raise ValueError(f"operand_digits must be 1..4 digits each, got {self.operand_digits}")
-        if len(self.ops) != len(self.operand_digits) - 1 or any(c not in "+-*" for c in self.ops):
-            raise ValueError(f"ops must hold one of + - * between each pair of operands, got {self.ops!r}")
-        return self
-
-
-class SearchTaskConfig(EpisodeTaskConfig):
-    """The retrieval task: questions over a built-in synthetic knowledge base, one or two hops."""
-
-    name: Literal["search"] = "search"
-    n_people: int = Field(60, ge=4, le=2000)
-    n_companies: int = Field(12, ge=2, le=2000)
-    n_cities: int = Field(8, ge=2, le=2000)
-    n_held_out: int = Field(20, ge=1, description="people whose questions form the evaluation set only")
-    two_hop_frac: float = Field(0.5, ge=0.0, le=1.0, description="share of training questions needing two searches")
-    kb_seed: int = Field(7, ge=0, le=SEED_MAX)
-    max_response_tokens: int = Field(56, ge=8, le=256)
-    n_eval: int = Field(80, ge=8, le=100_000)
-
-    @model_validator(mode="after")
-    def _split(self) -> SearchTaskConfig:
-        if self.n_held_out >= self.n_people:
-            raise ValueError(f"n_held_out ({self.n_held_out}) must leave training people (n_people {self.n_people})")
-        if self.n_eval > 4 * self.n_held_out:
-            raise ValueError(
-                f"n_eval ({self.n_eval}) exceeds the {4 * self.n_held_out} questions about "
-                f"{self.n_held_out} held-out people"
-            )
-        return self
-
-
-# the task of a run: one of the built-in tasks, told apart by `name`
-TaskConfig = Annotated[Union[ToolMathTaskConfig, SearchTaskConfig], Field(discriminator="name")]
-TASKS = {"tool_math": ToolMathTaskConfig, "search": SearchTaskConfig}
-
-
-def default_task(name: str) -> ToolMathTaskConfig | SearchTaskConfig:
+def default_task(name: str) -> EpisodeTaskConfig:
     """The default config of a built-in task, by name."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")

@@ -130,3 +130,21 @@ def test_no_eval_or_exec_anywhere_in_the_project():
     ]
     assert not offenders, offenders
     assert call.search("x = eval('1')") and not call.search("model.eval()")  # the check itself bites
+
+
+def test_one_task_registry_each_config_beside_its_task_and_the_run_config_reads_it():
+    """A task is one module (its config and its task) and one line in copc_core.tasks.TASKS: the run config's task
+    union, `default_task` and `make_task` all read that registry, so a task added there is a task a run accepts."""
+    import typing
+
+    from copc_core.config import RunConfig, TaskConfig, default_task
+    from copc_core.tasks import TASKS, make_task
+
+    union = typing.get_args(typing.get_args(TaskConfig)[0])
+    assert set(union) == {entry.config for entry in TASKS.values()}
+    for name, entry in TASKS.items():
+        assert entry.config.__module__ == entry.task.__module__, f"{name}: config and task live apart"
+        config = default_task(name)
+        assert type(config) is entry.config and config.name == name
+        assert type(RunConfig.model_validate({"task": {"name": name}}).task) is entry.config
+        assert isinstance(make_task(config), entry.task)

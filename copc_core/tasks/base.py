@@ -13,9 +13,14 @@ import random
 from collections.abc import Hashable
 from typing import Protocol
 
+from pydantic import BaseModel, Field
+
+from copc_core.rl.methods import FROZEN
+
 PAD, CALL_OPEN, CALL_CLOSE, RESULT_END, ANSWER_END, ERROR = "_", "[", "]", ";", ".", "?"
 SPECIALS = CALL_OPEN + CALL_CLOSE + RESULT_END + ANSWER_END + ERROR
 PAD_ID = 0  # every vocabulary starts with PAD
+SEED_MAX = 2**31 - 1  # seeds feed Python's and torch's generators
 # the episode grammar in words, for models that read instructions (a chat model's system turn)
 TOOL_GRAMMAR_PROMPT = (
     "Solve the problem. You may call the tool by writing [query]; its result follows, ended by ';'. "
@@ -147,3 +152,15 @@ class Task(Protocol):
     def demonstration(self, problem, kind: str, rng: random.Random) -> str: ...
 
     def reward(self, problem, response: str, format_reward: float) -> float: ...
+
+
+class EpisodeTaskConfig(BaseModel):
+    """What every built-in task shares: the episode's budget, the evaluation set, the format reward."""
+
+    model_config = FROZEN
+
+    max_tool_calls: int = Field(3, ge=0, le=8)
+    max_response_tokens: int = Field(32, ge=4, le=256)
+    n_eval: int = Field(256, ge=8, le=100_000)
+    eval_seed: int = Field(12345, ge=0, le=SEED_MAX)
+    format_reward: float = Field(0.0, ge=0.0, le=0.5)

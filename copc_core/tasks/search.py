@@ -21,6 +21,9 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from copc_core.tasks.base import (
     ANSWER_END,
@@ -29,8 +32,10 @@ from copc_core.tasks.base import (
     ERROR,
     PAD,
     RESULT_END,
+    SEED_MAX,
     SPECIALS,
     CharVocab,
+    EpisodeTaskConfig,
     answer_span,
 )
 
@@ -128,6 +133,31 @@ def parse_query(call: str) -> tuple[str, ...] | None:
     if len(words) > MAX_QUERY_WORDS or any(not w or any(c not in LETTERS for c in w) for w in words):
         return None
     return words
+
+
+class SearchTaskConfig(EpisodeTaskConfig):
+    """The retrieval task: questions over a built-in synthetic knowledge base, one or two hops."""
+
+    name: Literal["search"] = "search"
+    n_people: int = Field(60, ge=4, le=2000)
+    n_companies: int = Field(12, ge=2, le=2000)
+    n_cities: int = Field(8, ge=2, le=2000)
+    n_held_out: int = Field(20, ge=1, description="people whose questions form the evaluation set only")
+    two_hop_frac: float = Field(0.5, ge=0.0, le=1.0, description="share of training questions needing two searches")
+    kb_seed: int = Field(7, ge=0, le=SEED_MAX)
+    max_response_tokens: int = Field(56, ge=8, le=256)
+    n_eval: int = Field(80, ge=8, le=100_000)
+
+    @model_validator(mode="after")
+    def _split(self) -> SearchTaskConfig:
+        if self.n_held_out >= self.n_people:
+            raise ValueError(f"n_held_out ({self.n_held_out}) must leave training people (n_people {self.n_people})")
+        if self.n_eval > 4 * self.n_held_out:
+            raise ValueError(
+                f"n_eval ({self.n_eval}) exceeds the {4 * self.n_held_out} questions about "
+                f"{self.n_held_out} held-out people"
+            )
+        return self
 
 
 class SearchTask:

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import model_validator
 
 from copc_core.tasks.base import (
     ANSWER_END,
@@ -26,6 +29,7 @@ from copc_core.tasks.base import (
     PAD,
     RESULT_END,
     CharVocab,
+    EpisodeTaskConfig,
     answer_span,
 )
 
@@ -171,6 +175,22 @@ def reward(problem: Problem, response: str, format_reward: float) -> float:
     if answer is None:
         return 0.0
     return 1.0 if answer == problem.answer else format_reward
+
+
+class ToolMathTaskConfig(EpisodeTaskConfig):
+    """The tool-math task: `a+b*c=` with the given operand digit counts and operators."""
+
+    name: Literal["tool_math"] = "tool_math"
+    operand_digits: tuple[int, ...] = (2, 2, 1)
+    ops: str = "+*"
+
+    @model_validator(mode="after")
+    def _shape(self) -> ToolMathTaskConfig:
+        if not self.operand_digits or any(not 1 <= d <= 4 for d in self.operand_digits):
+            raise ValueError(f"operand_digits must be 1..4 digits each, got {self.operand_digits}")
+        if len(self.ops) != len(self.operand_digits) - 1 or any(c not in "+-*" for c in self.ops):
+            raise ValueError(f"ops must hold one of + - * between each pair of operands, got {self.ops!r}")
+        return self
 
 
 class ToolMathTask:
