@@ -544,7 +544,7 @@ def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau
     base = build_run_config(config, {}, task, base=preset_base)
     try:
         for m in space.methods:
-            space.run_config(base, next(p for p in space.grid() if p["method"] == m.key))
+            space.run_config(base, next(p for p in space.grid() if p.method == m.key))
     except ValidationError as err:
         _fail(_validation_message(err))
     return name, space, base

@@ -396,7 +396,6 @@ def _sweep_markdown(
     """The sweep artifact: the per-cell table (seed mean ± sd, 3 decimals), every trial of this run with
     a link to its MLflow run, and where the report is."""
     from infra.tracking import markdown_table, run_url, sweep_url
-    from sweeps.space import point_label
 
     experiment = result.experiment_id
     cells = [
@@ -419,7 +418,7 @@ def _sweep_markdown(
         run_id = o.result.mlflow_run_id if o.result else ""
         trials.append(
             {
-                "trial": point_label(o.point, space.schedule),
+                "trial": o.point.label(space.schedule),
                 "state": o.state,
                 "objective": o.value if o.state == "COMPLETE" else o.reason[:200],
                 "MLflow run": f"[{run_id[:8]}]({run_url(ui, experiment, run_id)})" if run_id else None,

@@ -16,7 +16,7 @@ from copc_core.results import TrialResult
 from flows.progress import Bar
 from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
-from sweeps.space import SweepSpace, objective_name, point_label
+from sweeps.space import SweepPoint, SweepSpace, objective_name
 from sweeps.study import (
     HEARTBEAT_S,
     METHOD_SPEC,
@@ -24,7 +24,6 @@ from sweeps.study import (
     name_objective,
     open_study,
     pending_points,
-    point_key,
     run_study,
     running_elsewhere,
     trial_point,
@@ -75,11 +74,9 @@ def run_sweep(
     tracker.sweep_view(name)  # the runs view every link to the sweep opens
     _announce(sweep, tracker, name, space, hooks)
     outcomes = _run_pending(_Sweep(space, name, base, data, sweep, tracker, parent, max_parallel, hooks))
-    mine = {point_key(p) for p in space.grid()}
+    mine = set(space.grid())
     complete = [
-        t
-        for t in sweep.study.get_trials(deepcopy=False)
-        if t.state.name == "COMPLETE" and point_key(trial_point(t)) in mine
+        t for t in sweep.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and trial_point(t) in mine
     ]
     best = max(complete, key=lambda t: t.value) if complete else None
     tracker.finish_parent(
@@ -137,11 +134,11 @@ class _Sweep:
     max_parallel: int | None
     hooks: SweepHooks
 
-    def spec(self, point: dict[str, Any]) -> str:
+    def spec(self, point: SweepPoint) -> str:
         """The hash of the method a point runs, as this version's registry resolves it."""
         return self.space.run_config(self.base, point).method.spec_hash()
 
-    def attrs(self, point: dict[str, Any]) -> dict[str, str]:
+    def attrs(self, point: SweepPoint) -> dict[str, str]:
         """What a point's trial records beside its point: the method it ran (sweeps.study.changed_definitions)."""
         return {METHOD_SPEC: self.spec(point)}
 
@@ -160,10 +157,10 @@ def _run_pending(s: _Sweep) -> list[TrialOutcome]:
     )
     init_ray(num_cpus=os.cpu_count())
     outcomes: list[TrialOutcome] = []
-    attempted: set[tuple] = set()  # points this process ran: a failure here is final until the next sweep
+    attempted: set[SweepPoint] = set()  # points this process ran: a failure here is final until the next sweep
     while True:
         _kill_orphans(s)
-        attempted |= {point_key(p) for p in points}
+        attempted |= set(points)
         # results whose sweep died before telling Optuna (of today's definition of their method)
         logged = s.tracker.logged_trials(s.parent, {_mlflow_key(s, p): s.spec(p) for p in points})
         recovered = [p for p in points if _mlflow_key(s, p) in logged]
@@ -177,7 +174,7 @@ def _run_pending(s: _Sweep) -> list[TrialOutcome]:
             outcomes += run_study(s.study, fresh, lambda batch, tell: _train_points(s, batch, tell), s.attrs)
         while running_elsewhere(s.study, s.space):  # another live sweep process's points: wait, or run if it dies
             time.sleep(HEARTBEAT_S)
-        points = [p for p in pending_points(s.study, s.space) if point_key(p) not in attempted]
+        points = [p for p in pending_points(s.study, s.space) if p not in attempted]
         if not points:
             return outcomes
 
@@ -189,31 +186,31 @@ def _kill_orphans(s: _Sweep) -> None:
         s.hooks.say.info(f"{killed} MLflow run(s) of a stopped sweep process marked KILLED")
 
 
-def _mlflow_key(s: _Sweep, point: dict[str, Any]) -> tuple[str, str]:
+def _mlflow_key(s: _Sweep, point: SweepPoint) -> tuple[str, str]:
     """A point's key among MLflow's runs: (config hash, method label), as `Tracker.logged_trials` keys them."""
-    return s.space.run_config(s.base, point).config_hash(), point["method"]
+    return s.space.run_config(s.base, point).config_hash(), point.method
 
 
-def _tell_logged(s: _Sweep, batch: list[dict[str, Any]], tell, logged: dict) -> None:
+def _tell_logged(s: _Sweep, batch: list[SweepPoint], tell, logged: dict) -> None:
     for i, p in enumerate(batch):
         tell(i, logged[_mlflow_key(s, p)])
 
 
-def _train_points(s: _Sweep, batch: list[dict[str, Any]], tell) -> None:
+def _train_points(s: _Sweep, batch: list[SweepPoint], tell) -> None:
     """Train `batch` as Ray trials: each gets its MLflow run as it starts (its curves stream there), is scored,
     finished in MLflow and told to Optuna (`tell`) as it ends."""
     from infra.sweep_runs import run_trials
     from infra.tracking import machine_tags, stream_every_s
 
     configs = [s.space.run_config(s.base, p) for p in batch]
-    names = [point_label(p, s.space.schedule) for p in batch]
+    names = [p.label(s.space.schedule) for p in batch]
     machine, every_s = machine_tags(), stream_every_s()
     run_ids: dict[int, str] = {}
     bar = Bar("trials", "run")
     done_count = [0]
 
     def start(i: int) -> dict:
-        run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i]["method"], machine)
+        run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i].method, machine)
         if s.hooks.trial_started is not None:
             s.hooks.trial_started(names[i])
         return {"uri": s.tracker.uri, "run_id": run_ids[i], "every_s": every_s}
@@ -250,16 +247,12 @@ def sweep_rows(study, space: SweepSpace) -> list[dict[str, Any]]:
     cells: dict[tuple, list] = {}
     for t in study.get_trials(deepcopy=False):
         if t.state.name == "COMPLETE":
-            p = trial_point(t)
-            cells.setdefault(point_key({**p, "seed": 0})[:4], []).append(t)
+            cells.setdefault(trial_point(t).cell, []).append(t)
     rows = []
     for m in space.methods:
         for tp, ta in m.bands():
             for k in m.lags(space.staleness):
-                trials = cells.get(
-                    point_key({"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": 0})[:4],
-                    [],
-                )
+                trials = cells.get(SweepPoint(m.key, tp, ta, k, 0).cell, [])
                 trials = [t for t in trials if t.params.get("seed") in space.seeds]
                 values = [t.value for t in trials]
                 finals = [t.user_attrs.get("final_accuracy", float("nan")) for t in trials]

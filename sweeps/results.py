@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from copc_core.results import TrialResult
+from sweeps.space import SweepPoint
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
     """What became of one point of a sweep."""
 
-    point: dict[str, Any]
+    point: SweepPoint
     state: Literal["COMPLETE", "FAIL"]
     value: float | None = None
     reason: str = ""

@@ -9,6 +9,7 @@ form one sweep that runs, resumes and reports as any other.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,6 +35,41 @@ SweepName = Annotated[
 # how a study orders the points it has not run (sweeps/study.py: every point runs either way)
 Sampler = Literal["grid", "tpe"]
 MAX_GRID_POINTS = 100_000  # a grid larger than this is refused before it is built
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of a sweep: a method entry of the space (its key), its bands (None for a band the method lacks), its lag
+    (staleness k, or η under the bounded schedule) and its seed. Numbers are normalised (bands float, lag and seed
+    int), so two points are equal, and hash alike, exactly when they name the same run."""
+
+    method: str
+    tau_policy: float | None
+    tau_advantage: float | None
+    staleness: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        for band in BANDS:
+            value = getattr(self, band)
+            object.__setattr__(self, band, None if value is None else float(value))
+        object.__setattr__(self, "staleness", int(self.staleness))
+        object.__setattr__(self, "seed", int(self.seed))
+
+    @property
+    def cell(self) -> tuple[str, float | None, float | None, int]:
+        """The point without its seed: the cell its seeds are replicates of."""
+        return self.method, self.tau_policy, self.tau_advantage, self.staleness
+
+    def label(self, schedule: str = "lag") -> str:
+        """A run's name: `copc tp=2 ta=1 k=4 s=0` (bands the method lacks left out)."""
+        bands = "".join(
+            f" {short}={getattr(self, b):g}"
+            for short, b in (("tp", "tau_policy"), ("ta", "tau_advantage"))
+            if getattr(self, b) is not None
+        )
+        lag = "k" if schedule == "lag" else "eta"
+        return f"{self.method}{bands} {lag}={self.staleness} s={self.seed}"
 
 
 def _distinct(v: list | None) -> list | None:
@@ -167,29 +203,29 @@ class SweepSpace(BaseModel):
     def method(self, key: str) -> SweptMethod:
         return next(m for m in self.methods if m.key == key)
 
-    def grid(self) -> list[dict[str, Any]]:
-        """Every point: {method, tau_policy, tau_advantage, staleness, seed}; a band the method lacks is None."""
+    def grid(self) -> list[SweepPoint]:
+        """Every point of the space, methods first, seeds last."""
         return [
-            {"method": m.key, "tau_policy": tp, "tau_advantage": ta, "staleness": k, "seed": s}
+            SweepPoint(m.key, tp, ta, k, s)
             for m in self.methods
             for tp, ta in m.bands()
             for k in m.lags(self.staleness)
             for s in self.seeds
         ]
 
-    def run_config(self, base: RunConfig, point: dict[str, Any]) -> RunConfig:
-        entry = self.method(point["method"])
+    def run_config(self, base: RunConfig, point: SweepPoint) -> RunConfig:
+        entry = self.method(point.method)
         lag = "train.staleness" if self.schedule == "lag" else "train.eta"
         reading = {"method.anchor": entry.anchor} if entry.anchor else {}
         return with_overrides(
             base,
             {
                 "method.name": entry.name,
-                "method.tau_policy": point["tau_policy"],
-                "method.tau_advantage": point["tau_advantage"],
+                "method.tau_policy": point.tau_policy,
+                "method.tau_advantage": point.tau_advantage,
                 **reading,
-                lag: point["staleness"],
-                "train.seed": point["seed"],
+                lag: point.staleness,
+                "train.seed": point.seed,
                 "train.steps": self.steps,
             },
         )
@@ -207,15 +243,6 @@ def objective_value(summary: RunSummary, objective: str, collapse_penalty: float
 def objective_name(space: SweepSpace) -> str:
     """The objective in words: `final accuracy − 0.5 if collapsed`."""
     return f"{space.objective} accuracy − {space.collapse_penalty:g} if collapsed"
-
-
-def point_label(point: dict[str, Any], schedule: str = "lag") -> str:
-    """A run's name: `copc tp=2 ta=1 k=4 s=0` (bands the method lacks left out)."""
-    bands = "".join(
-        f" {short}={point[b]:g}" for short, b in (("tp", "tau_policy"), ("ta", "tau_advantage")) if point[b] is not None
-    )
-    lag = "k" if schedule == "lag" else "eta"
-    return f"{point['method']}{bands} {lag}={point['staleness']} s={point['seed']}"
 
 
 def parse_methods(text: str) -> list[dict[str, str]]:

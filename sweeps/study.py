@@ -26,13 +26,12 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 
 from copc_core.results import TrialResult
 from sweeps.results import TrialOutcome
-from sweeps.space import SweepSpace
+from sweeps.space import SweepPoint, SweepSpace
 
 FAIL_REASON = "fail_reason"
 METHOD = "method"  # user attribute: the point's method (its key in the sweep space)
@@ -123,15 +122,15 @@ class StudyFormatError(ValueError):
     """A study whose trials this version cannot extend."""
 
 
-def changed_definitions(sweep: SweepStudy, space: SweepSpace, spec_of: Callable[[dict[str, Any]], str]) -> None:
+def changed_definitions(sweep: SweepStudy, space: SweepSpace, spec_of: Callable[[SweepPoint], str]) -> None:
     """Refuse to grow a study whose finished trials ran a method under another definition than today's (their
     `METHOD_SPEC` differs from `spec_of(point)`: a registry row's defaults or meaning changed). Their results would be
     mixed with new ones under one name. Trials written before methods were recorded carry no spec and pass."""
-    grid = {point_key(p): p for p in space.grid()}
+    grid = set(space.grid())
     counts: dict[str, int] = {}
     for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         key = _trial_key(t)
-        if key in grid and METHOD_SPEC in t.user_attrs and t.user_attrs[METHOD_SPEC] != spec_of(grid[key]):
+        if key in grid and METHOD_SPEC in t.user_attrs and t.user_attrs[METHOD_SPEC] != spec_of(key):
             counts[t.user_attrs[METHOD]] = counts.get(t.user_attrs[METHOD], 0) + 1
     if counts:
         raise StudyFormatError(
@@ -213,26 +212,14 @@ def _in_this_format(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial
 STALE_REASON = f"interrupted: its sweep process stopped (no heartbeat for {GRACE_S} s)"
 
 
-def point_key(point: dict[str, Any]) -> tuple:
-    """A point's identity: (method, τ_p, τ_a, staleness, seed), a band the method lacks as None."""
-    band = lambda v: None if v is None else float(v)  # noqa: E731
-    return (
-        point["method"],
-        band(point.get("tau_policy")),
-        band(point.get("tau_advantage")),
-        int(point["staleness"]),
-        int(point["seed"]),
-    )
-
-
-def study_params(point: dict[str, Any]) -> dict[str, float | int]:
+def study_params(point: SweepPoint) -> dict[str, float | int]:
     """A point's numbers as a trial's parameters: each band as 1/τ (∞ → 0, so every number is finite JSON),
     staleness and seed as they are; a band the method lacks is no parameter."""
-    bands = {f"1/{b}": 1.0 / float(point[b]) for b in BANDS if point.get(b) is not None}
-    return bands | {k: int(point[k]) for k in INTEGERS}
+    bands = {f"1/{b}": 1.0 / getattr(point, b) for b in BANDS if getattr(point, b) is not None}
+    return bands | {k: getattr(point, k) for k in INTEGERS}
 
 
-def study_distributions(points: list[dict[str, Any]]) -> dict[str, optuna.distributions.BaseDistribution]:
+def study_distributions(points: list[SweepPoint]) -> dict[str, optuna.distributions.BaseDistribution]:
     """Each parameter's distribution over the values `points` take (optuna-dashboard draws an axis over the
     union of the trials' ranges; Optuna lets a float or int range differ between trials, never its kind)."""
     values: dict[str, list] = {}
@@ -247,19 +234,16 @@ def study_distributions(points: list[dict[str, Any]]) -> dict[str, optuna.distri
     }
 
 
-def trial_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def trial_point(trial: optuna.trial.FrozenTrial) -> SweepPoint:
     """The point a trial ran (the inverse of how `run_study` asks it): the exact bands from the user attributes."""
     attrs = trial.user_attrs
-    return {
-        "method": attrs.get(METHOD, "?"),
-        **{b: None if attrs.get(b) in (None, "None") else float(attrs[b]) for b in BANDS},
-        "staleness": trial.params.get("staleness"),
-        "seed": trial.params.get("seed"),
-    }
+    bands = [None if attrs.get(b) in (None, "None") else float(attrs[b]) for b in BANDS]
+    return SweepPoint(attrs.get(METHOD, "?"), *bands, trial.params["staleness"], trial.params["seed"])
 
 
-def _trial_key(trial: optuna.trial.FrozenTrial) -> tuple | None:
-    return point_key(trial_point(trial)) if METHOD in trial.user_attrs else None
+def _trial_key(trial: optuna.trial.FrozenTrial) -> SweepPoint | None:
+    """The point a trial of this module ran; None for a trial it did not ask."""
+    return trial_point(trial) if METHOD in trial.user_attrs else None
 
 
 def _settle(sweep: SweepStudy) -> list[optuna.trial.FrozenTrial]:
@@ -276,19 +260,19 @@ def _settle(sweep: SweepStudy) -> list[optuna.trial.FrozenTrial]:
     return live
 
 
-def pending_points(sweep: SweepStudy, space: SweepSpace) -> list[dict[str, Any]]:
+def pending_points(sweep: SweepStudy, space: SweepSpace) -> list[SweepPoint]:
     """Grid points that nobody has finished and no live sweep process is running.
 
     RUNNING trials of dead sweep processes are marked FAIL here (their points are pending again)."""
     live = {_trial_key(t) for t in _settle(sweep)}
     done = {_trial_key(t) for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    return [p for p in space.grid() if point_key(p) not in done | live]
+    return [p for p in space.grid() if p not in done | live]
 
 
-def running_elsewhere(sweep: SweepStudy, space: SweepSpace) -> list[dict[str, Any]]:
+def running_elsewhere(sweep: SweepStudy, space: SweepSpace) -> list[SweepPoint]:
     """Grid points a live sweep process (another one, or this one) is running now."""
-    points = {point_key(p): p for p in space.grid()}
-    return [points[_trial_key(t)] for t in _settle(sweep) if _trial_key(t) in points]
+    points = set(space.grid())
+    return [p for p in map(_trial_key, _settle(sweep)) if p in points]
 
 
 class _Heartbeats:
@@ -321,9 +305,9 @@ class _Heartbeats:
 
 def run_study(
     sweep: SweepStudy,
-    points: list[dict[str, Any]],
-    run_points: Callable[[list[dict[str, Any]], Callable[[int, TrialResult | BaseException], None]], None],
-    point_attrs: Callable[[dict[str, Any]], dict[str, str]] | None = None,
+    points: list[SweepPoint],
+    run_points: Callable[[list[SweepPoint], Callable[[int, TrialResult | BaseException], None]], None],
+    point_attrs: Callable[[SweepPoint], dict[str, str]] | None = None,
 ) -> list[TrialOutcome]:
     """Ask one trial per point (with `point_attrs(point)` as user attributes) and run them (in parallel, by
     `run_points`); each trial is told the moment its run ends (`on_result(i, result_or_exception)`, the result scored
@@ -342,9 +326,9 @@ def run_study(
                 trial = study.ask({k: distributions[k] for k in numbers})
             trial_id = sweep.trial_id(trial.number)
             sweep.storage.record_heartbeat(trial_id)  # live from the first moment
-            trial.set_user_attr(METHOD, p["method"])
+            trial.set_user_attr(METHOD, p.method)
             for band in BANDS:  # exact, as text: a number user attribute of ∞ would reach the browser as Infinity
-                trial.set_user_attr(band, str(None if p.get(band) is None else float(p[band])))
+                trial.set_user_attr(band, str(getattr(p, band)))
             for key, value in (point_attrs(p) if point_attrs else {}).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr(MANAGED, True)
@@ -390,7 +374,7 @@ def run_study(
 TAKEN_REASON = "taken: another sweep process asked for this point first"
 
 
-def _claimed(sweep: SweepStudy, points: list[dict[str, Any]], trials: list, beats: _Heartbeats) -> list[int]:
+def _claimed(sweep: SweepStudy, points: list[SweepPoint], trials: list, beats: _Heartbeats) -> list[int]:
     """The indices of `points` this process runs. Asking a trial reserves its point; two sweep processes that found
     the same point pending both ask, and the one whose trial came first (the lower number) keeps it: each checks after
     its own asks, so the later asker always sees the earlier one. A point finished meanwhile is given up too. The
@@ -401,14 +385,14 @@ def _claimed(sweep: SweepStudy, points: list[dict[str, Any]], trials: list, beat
         for t in _settle(sweep) + sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.number not in mine
     ]
-    first: dict[tuple, int] = {}
+    first: dict[SweepPoint, int] = {}
     for t in others:
         key = _trial_key(t)
         if key is not None:
             first[key] = min(first.get(key, t.number), -1 if t.state == optuna.trial.TrialState.COMPLETE else t.number)
     keep = []
     for i, (trial, trial_id) in enumerate(trials):
-        if first.get(point_key(points[i]), trial.number + 1) < trial.number:
+        if first.get(points[i], trial.number + 1) < trial.number:
             with beats.lock:
                 beats.running.discard(trial_id)
             sweep.fail(trial.number, TAKEN_REASON)

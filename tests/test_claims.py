@@ -40,13 +40,13 @@ def row(method, tp, ta, k, seed, acc, collapsed=False, collapse_step=None, ess=(
 def test_the_claims_preset_is_one_sweep_of_the_grid_ablations_and_baselines():
     space = SweepSpace(methods=CLAIMS_SPACE.methods, staleness=[0, 4], seeds=[0, 1, 2])
     points = space.grid()
-    keys = [(p["method"], p["tau_policy"], p["tau_advantage"], p["staleness"], p["seed"]) for p in points]
+    keys = [(p.method, p.tau_policy, p.tau_advantage, p.staleness, p.seed) for p in points]
     assert len(keys) == len(set(keys))
     # COPC 3×3 cells, 3 + 3 ablation cells, 5 off-policy baselines at 2 lags and sync_ppo at k = 0, 3 seeds each
     assert len(points) == (9 * 2 + 6 * 2 + 5 * 2 + 1) * 3
-    assert {p["staleness"] for p in points if p["method"] == "sync_ppo"} == {0}
-    assert all(p["tau_advantage"] is None for p in points if p["method"] == "copc_policy_only")
-    assert {p["method"] for p in points} == {"copc", "copc_policy_only", "copc_advantage_only", *CLAIMS_BASELINES}
+    assert {p.staleness for p in points if p.method == "sync_ppo"} == {0}
+    assert all(p.tau_advantage is None for p in points if p.method == "copc_policy_only")
+    assert {p.method for p in points} == {"copc", "copc_policy_only", "copc_advantage_only", *CLAIMS_BASELINES}
     assert all(preset(m).default_tau_policy is None for m in CLAIMS_BASELINES)
     assert PRESETS["claims-tool-math"][0] == PRESETS["claims-search"][0] == CLAIMS_SPACE
 

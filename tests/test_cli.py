@@ -367,25 +367,25 @@ def test_copc_train_by_default_is_a_trial_of_the_default_sweep_and_a_cells_flags
     from copc_core.train.warmstart import warm_start_key
     from flows.cli import train_config
     from sweeps.presets import sweep_preset
-    from sweeps.space import with_axes
+    from sweeps.space import SweepPoint, with_axes
 
     space, base = sweep_preset("embedded-default")
     for p in space.grid():
         flags = {
-            "method.tau_policy": p["tau_policy"],
-            "method.tau_advantage": p["tau_advantage"],
-            "train.staleness": p["staleness"],
-            "train.seed": p["seed"],
+            "method.tau_policy": p.tau_policy,
+            "method.tau_advantage": p.tau_advantage,
+            "train.staleness": p.staleness,
+            "train.seed": p.seed,
         }
         assert train_config(None, None, None, flags) == space.run_config(base, p)  # the same run, the same hash
     default = train_config(None, None, None, {})
-    cell = {"tau_policy": 4.0, "tau_advantage": 1.0, "staleness": 32, "seed": 0, "method": "copc"}
+    cell = SweepPoint("copc", 4.0, 1.0, 32, 0)
     assert default.config_hash() == space.run_config(base, cell).config_hash()
     assert warm_start_key(default) == warm_start_key(space.run_config(base, space.grid()[0]))  # its warm start reused
     assert default.model.separate_critic and default.train.critic_warmup_steps == 100 and default.train.lr == 1e-4
     # the search task's default: the same cell of `copc sweep --preset regime-search --methods copc`
     search_space, search_base = sweep_preset("regime-search")
-    point = {"method": "copc", "tau_policy": 4.0, "tau_advantage": 1.0, "staleness": 32, "seed": 0}
+    point = SweepPoint("copc", 4.0, 1.0, 32, 0)
     assert train_config(None, None, "search", {}) == with_axes(search_space, "copc").run_config(search_base, point)
 
 

@@ -31,7 +31,7 @@ def _tell(storage: str, space: SweepSpace) -> int:
 
     def finish(batch, on_result):
         for i, p in enumerate(batch):
-            value = 0.5 + (p["tau_advantage"] or 0) / 10 - p["seed"] / 100
+            value = 0.5 + (p.tau_advantage or 0) / 10 - p.seed / 100
             on_result(i, TrialResult(summary(value), objective=value))
 
     run_study(sweep, points, finish)

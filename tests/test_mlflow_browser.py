@@ -9,7 +9,6 @@ import pytest
 
 from copc_core.results import TrialResult
 from infra.tracking import Tracker, run_url, sweep_url
-from sweeps.space import point_label
 from tests.browser import page_text, require_chromium, screenshot, severe_errors, wait_for
 from tests.stack_helpers import mlflow_server
 from tests.test_sweeps import summary, tiny_space
@@ -29,11 +28,11 @@ def _logged_sweep(uri: str) -> tuple[Tracker, str, dict[str, str]]:
     objectives = {}
     base = space.run_config(__import__("copc_core.config", fromlist=["RunConfig"]).RunConfig(), space.grid()[0])
     for i, p in enumerate(space.grid()):
-        name = point_label(p)
+        name = p.label()
         objectives[name] = 0.5 + 0.1 * i
         history = [{"step": float(s), "reward/mean": 0.1 * s} for s in range(1, 6)]
         result = TrialResult(summary(objectives[name]), history, [], objective=objectives[name])
-        tracker.log_trial(parent, "look", name, space.run_config(base, p), result, label=p["method"])
+        tracker.log_trial(parent, "look", name, space.run_config(base, p), result, label=p.method)
     tracker.finish_parent(parent, {"sweep/trials_complete": 4.0})
     return tracker, parent, objectives
 

@@ -1,5 +1,6 @@
 """Sweeps on a real Optuna SQLite storage and a real MLflow SQLite store (no mocks)."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 
 from copc_core.results import TrialResult
 from copc_core.train.stability import RunSummary
-from sweeps.space import SweepSpace, objective_value
+from sweeps.space import SweepPoint, SweepSpace, objective_value
 from sweeps.study import (
     FAIL_REASON,
     MANAGED,
@@ -68,9 +69,7 @@ def summary(
 def test_space_grid_and_configs():
     space = tiny_space()
     assert len(space.grid()) == 4
-    cfg = space.run_config(
-        tiny_config(), {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 3}
-    )
+    cfg = space.run_config(tiny_config(), SweepPoint("copc", 2.0, 1.0, 1, 3))
     assert cfg.method.tau_advantage == 1.0 and cfg.train.staleness == 1 and cfg.train.seed == 3 and cfg.train.steps == 2
 
 
@@ -83,10 +82,10 @@ def test_methods_are_an_axis_with_their_own_bands_and_readings():
         seeds=[0, 1],
     )
     points = space.grid()
-    by_method = {m: [p for p in points if p["method"] == m] for m in ("copc", "copc[behavior]", "sync_ppo", "tis")}
+    by_method = {m: [p for p in points if p.method == m] for m in ("copc", "copc[behavior]", "sync_ppo", "tis")}
     assert [len(v) for v in by_method.values()] == [2 * 2 * 2, 2 * 2 * 2, 1 * 1 * 2, 1 * 2 * 2]
-    assert {p["staleness"] for p in by_method["sync_ppo"]} == {0}  # on-policy: k = 0 only
-    assert all(p["tau_policy"] is None and p["tau_advantage"] is None for p in by_method["tis"])
+    assert {p.staleness for p in by_method["sync_ppo"]} == {0}  # on-policy: k = 0 only
+    assert all(p.tau_policy is None and p.tau_advantage is None for p in by_method["tis"])
     base = tiny_config()
     behavior = space.run_config(base, by_method["copc[behavior]"][0])
     assert behavior.method.name == "copc" and behavior.method.anchor == "behavior"
@@ -136,8 +135,8 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
             on_result(
                 i,
                 RuntimeError("worker exploded")
-                if p["staleness"] == 1
-                else TrialResult(summary(0.5, collapsed=p["tau_advantage"] == 2.0), objective=0.25),
+                if p.staleness == 1
+                else TrialResult(summary(0.5, collapsed=p.tau_advantage == 2.0), objective=0.25),
             )
 
     run_study(sweep, pending_points(sweep, space), half_fail)
@@ -146,24 +145,37 @@ def test_failed_trials_are_fail_with_reason_and_interrupted_ones_rerun(tmp_path)
     assert all("worker exploded" in t.user_attrs[FAIL_REASON] for t in study.trials if t.state.name == "FAIL")
     assert all(t.user_attrs[MANAGED] and t.user_attrs["method"] == "copc" for t in study.trials)
     # the run's outcome is on the trial, for optuna-dashboard and load_study users
-    done = sorted(
-        (t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: trial_point(t)["tau_advantage"]
-    )
+    done = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: trial_point(t).tau_advantage)
     assert [
         (t.value, t.user_attrs["final_accuracy"], t.user_attrs["collapsed"], t.user_attrs["collapse_step"])
         for t in done
     ] == [(0.25, 0.5, False, None), (0.25, 0.5, True, 2)]
     # a trial left RUNNING by a version without heartbeats: nobody runs it; marked FAIL, its point rerun
-    point = {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 1, "seed": 0}
+    point = SweepPoint("copc", 2.0, 1.0, 1, 0)
     study.enqueue_trial(study_params(point))
     unmanaged = study.ask(study_distributions([point]))
     for band in ("tau_policy", "tau_advantage"):
-        unmanaged.set_user_attr(band, str(point[band]))
+        unmanaged.set_user_attr(band, str(getattr(point, band)))
     unmanaged.set_user_attr("method", "copc")
     again = open_study("s", storage)
     pending = pending_points(again, space)
-    assert sorted(p["tau_advantage"] for p in pending) == [1.0, 2.0] and all(p["staleness"] == 1 for p in pending)
+    assert sorted(p.tau_advantage for p in pending) == [1.0, 2.0] and all(p.staleness == 1 for p in pending)
     assert any(t.user_attrs.get(FAIL_REASON, "").startswith("interrupted") for t in again.study.trials)
+
+
+def test_a_sweep_point_is_typed_normalised_and_names_its_run():
+    """Two points are one run exactly when their numbers are equal (a band given as int or float, a lag as float or
+    int): the study, MLflow's recovery and the heartbeat checks key by the point itself."""
+    a, b = SweepPoint("copc", 2, 1, 4, 0), SweepPoint("copc", 2.0, 1.0, 4.0, 0)
+    assert a == b and hash(a) == hash(b) and type(a.tau_policy) is float and type(a.staleness) is int
+    assert a != SweepPoint("copc", 2.0, 1.0, 4, 1) and a.cell == SweepPoint("copc", 2.0, 1.0, 4, 1).cell
+    assert SweepPoint("tis", None, None, 4, 0).tau_policy is None
+    assert (
+        a.label() == "copc tp=2 ta=1 k=4 s=0"
+        and SweepPoint("tis", None, None, 2, 3).label("bounded") == "tis eta=2 s=3"
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.seed = 1
 
 
 def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(tmp_path, monkeypatch):
@@ -223,7 +235,7 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
     trials = first.study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     taken = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
-    assert len(complete) == 2 and sorted(trial_point(t)["tau_advantage"] for t in complete) == [1.0, 2.0]
+    assert len(complete) == 2 and sorted(trial_point(t).tau_advantage for t in complete) == [1.0, 2.0]
     assert len(taken) == 2 and all(t.user_attrs[FAIL_REASON] == TAKEN_REASON for t in taken)
     assert pending_points(open_study("s", storage), space) == []
 
@@ -313,7 +325,7 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
     assert [o.state for o in result.outcomes] == ["COMPLETE", "COMPLETE"]
     for outcome in result.outcomes:
-        eta = outcome.point["staleness"]
+        eta = outcome.point.staleness
         assert outcome.result.runtime == "ray (bounded staleness)"
         assert outcome.result.summary.staleness_max <= eta and outcome.result.summary.steps_completed == 3
     found = read_sweeps(tracking, ["b"], HISTORY_KEYS)
@@ -738,8 +750,8 @@ def test_a_study_with_unbounded_bands_is_refused_then_migrated_in_place_keeping_
         (2, "FAIL", None),
     ]
     assert [trial_point(t) for t in trials[:2]] == [
-        {"method": "copc", "tau_policy": float("inf"), "tau_advantage": 1.0, "staleness": 4, "seed": 0},
-        {"method": "copc", "tau_policy": 2.0, "tau_advantage": 1.0, "staleness": 4, "seed": 0},
+        SweepPoint("copc", float("inf"), 1.0, 4, 0),
+        SweepPoint("copc", 2.0, 1.0, 4, 0),
     ]
     assert trials[0].user_attrs["final_accuracy"] == 0.75 and trials[2].user_attrs["method"] == "tis"
     space = SweepSpace(
@@ -748,7 +760,7 @@ def test_a_study_with_unbounded_bands_is_refused_then_migrated_in_place_keeping_
         seeds=[0, 1],
         steps=2,
     )
-    assert [(p["tau_policy"], p["seed"]) for p in pending_points(sweep, space)] == [(2.0, 1), (float("inf"), 1)]
+    assert [(p.tau_policy, p.seed) for p in pending_points(sweep, space)] == [(2.0, 1), (float("inf"), 1)]
     _dashboard_json(storage, "old")  # strict JSON now
     assert migrate_study("old", storage) == 3  # a second migration changes nothing
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["old"]
@@ -793,11 +805,9 @@ def test_the_long_study_runs_each_reading_at_the_cell_the_300_step_study_chose_m
         space, base = PRESETS[f"regime-{task}-long"]
         assert base == PRESETS[f"regime-{task}"][1] and space.steps == 1000 and space.staleness == [32]
         assert not set(LONG_SEEDS) & set(range(10)) and space.seeds == LONG_SEEDS  # seeds the study never ran
-        copc = {
-            p["method"]: (p["tau_policy"], p["tau_advantage"]) for p in space.grid() if p["method"].startswith("copc")
-        }
+        copc = {p.method: (p.tau_policy, p.tau_advantage) for p in space.grid() if p.method.startswith("copc")}
         assert copc == {f"copc[{r}]": cell for r, cell in LONG_CELLS[task].items()}
-        baselines = {p["method"] for p in space.grid()} - set(copc)
+        baselines = {p.method for p in space.grid()} - set(copc)
         assert "cispo" in baselines and "tis" in baselines and "sync_ppo" not in baselines and len(baselines) == 13
 
 
