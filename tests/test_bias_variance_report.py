@@ -8,7 +8,7 @@ import pytest
 
 from reports import bias_variance as bv
 from reports.schema import SchemaError
-from tests.test_cli import copc
+from tests.test_cli import copc, copc_here
 
 TP = [1.25, 1.5, 2.0, 3.0]
 TA = [1.1, 1.5, 2.0]
@@ -110,6 +110,7 @@ def test_render_is_self_contained_and_escapes_the_spec():
     assert page.count("<script") == 2 + page.count('class="plotly-graph-div"')
 
 
+@pytest.mark.slow
 def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     from copc_core.analysis.token_mdp import AnalysisSpec, decompose, grid, make_mdp
     from copc_core.config import MethodConfig
@@ -174,6 +175,6 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
     ],
 )
 def test_bad_analysis_arguments_exit_2(tmp_path, args, needle):
-    res = copc("analyze", *args, "--out", str(tmp_path / "a.html"), data_dir=tmp_path)
+    res = copc_here("analyze", *args, "--out", str(tmp_path / "a.html"), data_dir=tmp_path)
     assert res.returncode == 2 and needle in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "a.html").exists()

@@ -11,10 +11,27 @@ from tests.conftest import tiny_config
 
 
 def copc(*args, data_dir, timeout=300, **extra_env):
+    """`copc ARGS` as a user runs it: a process of its own (the entry point's exit codes, a fresh interpreter)."""
     env = dict(os.environ, COPC_DATA_DIR=str(data_dir), **extra_env)
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+def copc_here(*args, data_dir, **extra_env) -> subprocess.CompletedProcess:
+    """`copc ARGS` inside this process (typer's test runner), for the checks of arguments that end before anything
+    starts: the exit code and output `copc` gives, without ~2 s of interpreter and imports per case; an exception
+    other than an exit is raised here (a process would print its traceback).
+    `test_the_entry_point_exits_2_on_a_bad_argument_as_the_in_process_runner_does` holds the two to one another."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    env = {"COPC_DATA_DIR": str(data_dir), "MLFLOW_TRACKING_URI": "", "PREFECT_API_URL": "", **extra_env}
+    result = CliRunner().invoke(app, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +59,7 @@ def copc(*args, data_dir, timeout=300, **extra_env):
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message_before_anything_runs(tmp_path, args, needle):
-    out = copc("train", *args, data_dir=tmp_path)
+    out = copc_here("train", *args, data_dir=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr
     assert "Traceback" not in out.stderr
@@ -68,6 +85,7 @@ def test_a_rollout_engine_that_cannot_run_here_exits_2_before_anything_runs(tmp_
     assert not (tmp_path / "runs").exists()  # nothing started
 
 
+@pytest.mark.slow
 def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=3).model_dump_json())
@@ -93,6 +111,7 @@ def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
     assert run.data.params["train.staleness"] == "1" and run.data.tags["machine.python"]
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it(tmp_path):
     from infra.checkpoints import previous_path
 
@@ -120,7 +139,7 @@ def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it
 def test_methods_lists_the_registry(tmp_path):
     from copc_core.rl.methods import METHODS, describe, method_spec
 
-    out = copc("methods", data_dir=tmp_path)
+    out = copc_here("methods", data_dir=tmp_path)
     assert out.returncode == 0
     for name, row in METHODS.items():  # every row: what it runs (anchor, rule, loss, estimator) and its source
         assert f"{name}\n    {row.description}\n    runs: {describe(method_spec(name))}" in out.stdout
@@ -131,6 +150,7 @@ def test_methods_lists_the_registry(tmp_path):
         assert f"    {reading} " in out.stdout
 
 
+@pytest.mark.slow
 def test_train_flags_reach_the_config(tmp_path):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
@@ -173,24 +193,28 @@ def test_tiny_run_on_the_ray_runtime(tmp_path):
     assert summary["steps_completed"] == 2 and summary["staleness_max"] == 1.0
 
 
-def test_unknown_runtime_is_rejected(tmp_path):
-    out = copc("train", "--runtime", "spark", data_dir=tmp_path)
-    assert out.returncode == 2 and "Invalid value for '--runtime'" in out.stderr, out.stderr
+def test_the_entry_point_exits_2_on_a_bad_argument_as_the_in_process_runner_does(tmp_path):
+    """What `copc_here` stands for: a process of its own gives the same exit code and message."""
+    args = ("train", "--runtime", "spark")
+    out, here = copc(*args, data_dir=tmp_path), copc_here(*args, data_dir=tmp_path)
+    assert out.returncode == here.returncode == 2 and "Invalid value for '--runtime'" in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-3:] == here.stderr.splitlines()[-3:]
 
 
 def test_report_of_an_unknown_sweep_exits_2_naming_it(tmp_path):
-    out = copc("report", "--sweep", "nope", data_dir=tmp_path)
+    out = copc_here("report", "--sweep", "nope", data_dir=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "no MLflow store at" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "reports").exists() and not (tmp_path / "mlflow.db").exists()
     from infra.tracking import Tracker
 
     Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_dir=tmp_path / "mlartifacts").parent_run("known", {})
-    out = copc("report", "--sweep", "nope", data_dir=tmp_path)
+    out = copc_here("report", "--sweep", "nope", data_dir=tmp_path)
     assert out.returncode == 2 and "no sweep named 'nope'" in out.stderr and "known: known" in out.stderr
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 def test_train_task_search_switches_the_task_section(tmp_path):
     from copc_core.config import SearchTaskConfig, WarmStartConfig
 
@@ -222,7 +246,7 @@ def test_train_task_search_switches_the_task_section(tmp_path):
     ],
 )
 def test_sweep_axis_flags_are_checked_before_anything_runs(tmp_path, args, needle):
-    out = copc("sweep", *args, data_dir=tmp_path)
+    out = copc_here("sweep", *args, data_dir=tmp_path)
     assert out.returncode == 2 and needle in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
@@ -240,7 +264,7 @@ def test_sweep_axis_flags_build_the_space():
 
 
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):
-    out = copc("sweep", "--preset", "nope", data_dir=tmp_path)
+    out = copc_here("sweep", "--preset", "nope", data_dir=tmp_path)
     assert out.returncode == 2 and "unknown sweep preset 'nope'" in out.stderr and "claims-search" in out.stderr
     assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
 
@@ -276,6 +300,7 @@ def test_every_deployments_parameters_satisfy_the_schema_prefect_checks_them_aga
         jsonschema.validate(sent, d._parameter_openapi_schema.model_dump_for_openapi())
 
 
+@pytest.mark.slow
 def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path):
     """`copc hf-tiny` builds a model from a config (no download); `copc train --hf-model` runs COPC on it."""
     model_dir = tmp_path / "tiny-hf"
@@ -317,7 +342,7 @@ def test_the_run_presets_validate_and_size_the_cluster():
 def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_path):
     from copc_core.train.run_presets import run_preset
 
-    out = copc("train", "--help", data_dir=tmp_path, COLUMNS="250")
+    out = copc_here("train", "--help", data_dir=tmp_path, COLUMNS="250")
     d = run_preset("embedded-default")  # what `copc train` runs with no --preset or --config
     for text in (
         f"(default {d.train.lr})",
@@ -333,7 +358,7 @@ def test_train_help_shows_the_defaults_of_the_flags_it_leaves_to_the_config(tmp_
 def test_sweep_help_names_every_preset_and_shows_the_reading_in_brackets(tmp_path):
     from sweeps.presets import PRESETS
 
-    out = copc("sweep", "--help", data_dir=tmp_path, COLUMNS="250")
+    out = copc_here("sweep", "--help", data_dir=tmp_path, COLUMNS="250")
     assert out.returncode == 0, out.stderr
     for name in PRESETS:
         assert name in out.stdout, name

@@ -52,6 +52,7 @@ def test_a_non_tensor_entry_is_refused_by_name():
         pack({"w": torch.ones(2), "step": 3})
 
 
+@pytest.mark.slow
 def test_a_model_loads_the_weights_after_a_trip_through_ray(local_ray):
     model = build_model(tiny_config(), 0)
     received = ray.get(ray.put(pack(model.state_dict())))
