@@ -527,9 +527,11 @@ def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau
 
     from sweeps.presets import sweep_preset
     from sweeps.space import SweepName, SweepSpace
+    from sweeps.study import heartbeat_settings
 
     try:
         preset_space, preset_base = sweep_preset(preset)
+        heartbeat_settings()
     except ValueError as err:
         _fail(str(err))
     name = name or preset

@@ -18,9 +18,9 @@ from reports.analysis import best_with_ties
 from sweeps.results import SweepResult, TrialOutcome
 from sweeps.space import SweepPoint, SweepSpace, objective_name
 from sweeps.study import (
-    HEARTBEAT_S,
     METHOD_SPEC,
     changed_definitions,
+    heartbeat_settings,
     name_objective,
     open_study,
     pending_points,
@@ -173,7 +173,7 @@ def _run_pending(s: _Sweep) -> list[TrialOutcome]:
         if fresh:
             outcomes += run_study(s.study, fresh, lambda batch, tell: _train_points(s, batch, tell), s.attrs)
         while running_elsewhere(s.study, s.space):  # another live sweep process's points: wait, or run if it dies
-            time.sleep(HEARTBEAT_S)
+            time.sleep(heartbeat_settings()[0])
         points = [p for p in pending_points(s.study, s.space) if p not in attempted]
         if not points:
             return outcomes

@@ -22,6 +22,7 @@ collapse step as user attributes.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -39,8 +40,24 @@ METHOD_SPEC = "method_spec"  # user attribute: the hash of the resolved method t
 MANAGED = "heartbeat_managed"  # user attribute of every trial whose liveness the storage's heartbeat tells
 BANDS = ("tau_policy", "tau_advantage")
 INTEGERS = ("staleness", "seed")
-HEARTBEAT_S = 5  # a live sweep records each running trial's heartbeat this often
-GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone
+HEARTBEAT_S = 5  # a live sweep records each running trial's heartbeat this often (default; COPC_HEARTBEAT_S)
+GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone (default; COPC_HEARTBEAT_GRACE_S)
+
+
+def heartbeat_settings() -> tuple[int, int]:
+    """(heartbeat, grace) in whole seconds: `COPC_HEARTBEAT_S` and `COPC_HEARTBEAT_GRACE_S` over the defaults above
+    (a store on a slow shared disk may want a longer grace; a test, a shorter one). The grace must exceed the
+    heartbeat, or live trials would be judged dead. Raises ValueError naming the variable."""
+    values = []
+    for name, default in (("COPC_HEARTBEAT_S", HEARTBEAT_S), ("COPC_HEARTBEAT_GRACE_S", GRACE_S)):
+        text = os.environ.get(name, "").strip() or str(default)
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{name} must be a whole number of seconds ≥ 1, got {text!r}")
+        values.append(int(text))
+    beat, grace = values
+    if grace <= beat:
+        raise ValueError(f"COPC_HEARTBEAT_GRACE_S ({grace}) must exceed COPC_HEARTBEAT_S ({beat})")
+    return beat, grace
 
 
 @dataclass
@@ -78,7 +95,8 @@ def open_study(name: str, storage: str, sampler: str = "grid") -> SweepStudy:
         raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(samplers)}")
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        beat, grace = heartbeat_settings()
+        rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=beat, grace_period=grace)
     study = optuna.create_study(
         study_name=name, storage=rdb, direction="maximize", load_if_exists=True, sampler=samplers[sampler]()
     )
@@ -209,7 +227,8 @@ def _in_this_format(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial
 
 # Set when a trial is asked, replaced when it is told: a trial that the heartbeat check fails (its process died)
 # keeps this reason, since a finished trial's attributes cannot be written any more.
-STALE_REASON = f"interrupted: its sweep process stopped (no heartbeat for {GRACE_S} s)"
+def stale_reason() -> str:
+    return f"interrupted: its sweep process stopped (no heartbeat for {heartbeat_settings()[1]} s)"
 
 
 def study_params(point: SweepPoint) -> dict[str, float | int]:
@@ -291,7 +310,7 @@ class _Heartbeats:
                 ids = list(self.running)
             for trial_id in ids:
                 self.sweep.storage.record_heartbeat(trial_id)
-            if self.stop.wait(HEARTBEAT_S):
+            if self.stop.wait(heartbeat_settings()[0]):
                 return
 
     def __enter__(self) -> _Heartbeats:
@@ -332,7 +351,7 @@ def run_study(
             for key, value in (point_attrs(p) if point_attrs else {}).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr(MANAGED, True)
-            trial.set_user_attr(FAIL_REASON, STALE_REASON)
+            trial.set_user_attr(FAIL_REASON, stale_reason())
             with beats.lock:
                 beats.running.add(trial_id)
             trials.append((trial, trial_id))

@@ -35,6 +35,18 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for the test
+    session's `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running
+    has the same. PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
+    from infra.local_stack import temporary_prefect_server
+
+    with temporary_prefect_server(tmp_path_factory.mktemp("prefect-session")) as api:
+        os.environ.pop("PREFECT_API_URL", None)
+        yield api
+
+
 def pytest_collection_modifyitems(config, items):
     """`vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped, with
     the reason, where it does not."""

@@ -335,9 +335,10 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert "η = 2" in grid_table(result.study, space)
 
 
-def _sweep_files(tmp_path, warm_state, steps: int) -> dict[str, str]:
-    """base.json, space.json and the cached warm start for a `copc sweep` subprocess; its environment
-    (a data folder of its own, no MLflow or Prefect server inherited from the test session)."""
+def _sweep_files(tmp_path, warm_state, steps: int, prefect_api: str) -> dict[str, str]:
+    """base.json, space.json and the cached warm start for a `copc sweep` subprocess; its environment (a data folder of
+    its own, no MLflow server inherited, the session's Prefect server, heartbeats every second judged dead after 6 s
+    instead of 30, so that a rerun after a kill waits 6 s for the dead process's trials)."""
     import os
 
     from copc_core.train.warmstart import warm_start_key
@@ -348,17 +349,23 @@ def _sweep_files(tmp_path, warm_state, steps: int) -> dict[str, str]:
     (tmp_path / "base.json").write_text(base.model_dump_json())
     (tmp_path / "space.json").write_text(tiny_space(steps=steps).model_dump_json())
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
-    return env | {"COPC_DATA_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    return env | {
+        "COPC_DATA_DIR": str(tmp_path),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_API_URL": prefect_api,
+        "COPC_HEARTBEAT_S": "1",
+        "COPC_HEARTBEAT_GRACE_S": "6",
+    }
 
 
-def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state):
+def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state, prefect_api):
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=30)
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=30, prefect_api=prefect_api)
     cmd = [
         sys.executable,
         "-m",
@@ -410,14 +417,18 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     assert all(r.data.tags["fail_reason"].startswith("interrupted") for r in runs if r.info.status == "KILLED")
 
 
-def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_trains(tmp_path, tiny_warm_state):
+def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_trains(
+    tmp_path, tiny_warm_state, prefect_api
+):
     """Child runs were written after each trial ended (durations of 0.6 s for trials of 30-55 s): no curve grew while
     a sweep trained. Now the run is created as the trial starts and the training process streams its step records;
     at the end each metric holds every step once (the streamed part is not logged again)."""
     import time
 
     steps = 80
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=steps) | {"COPC_MLFLOW_STREAM_S": "0.2"}  # sends the test sees
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=steps, prefect_api=prefect_api) | {
+        "COPC_MLFLOW_STREAM_S": "0.2"
+    }  # sends the test sees
     (tmp_path / "space.json").write_text(tiny_space(tau_advantage=[1.0], staleness=[0], steps=steps).model_dump_json())
     proc = _run_sweep_process(tmp_path, "live", tmp_path / "space.json", tmp_path / "base.json", env)
     db = tmp_path / "mlflow.db"
@@ -474,12 +485,12 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
     )
 
 
-def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state):
+def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state, prefect_api):
     """The second joins: it runs what nobody runs and waits for the rest; no trial is failed for being
     live, no result is lost, and MLflow holds one run per point."""
     import time
 
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=12)
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=12, prefect_api=prefect_api)
     first = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json", env)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     deadline = time.time() + 600
@@ -859,3 +870,23 @@ def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grow
     )
     with pytest.raises(StudyFormatError, match=r"another definition of tis \(2 trials\).*new --name"):
         changed_definitions(open_study("s", storage), space, spec_of)
+
+
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ({"COPC_HEARTBEAT_S": "0"}, "COPC_HEARTBEAT_S must be a whole number of seconds ≥ 1, got '0'"),
+        ({"COPC_HEARTBEAT_GRACE_S": "2.5"}, "COPC_HEARTBEAT_GRACE_S must be a whole number of seconds ≥ 1"),
+        ({"COPC_HEARTBEAT_S": "5", "COPC_HEARTBEAT_GRACE_S": "5"}, "(5) must exceed COPC_HEARTBEAT_S (5)"),
+    ],
+)
+def test_heartbeat_settings_come_from_the_environment_checked_before_anything_runs(tmp_path, monkeypatch, env, needle):
+    from tests.test_cli import copc_here
+
+    out = copc_here("sweep", "--steps", "1", "--seeds", "0", data_dir=tmp_path, **env)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
+    monkeypatch.setenv("COPC_HEARTBEAT_S", "2")
+    monkeypatch.setenv("COPC_HEARTBEAT_GRACE_S", "7")
+    sweep = open_study("beats", f"sqlite:///{tmp_path / 'beats.db'}")
+    assert (sweep.storage.heartbeat_interval, sweep.storage.grace_period) == (2, 7)
