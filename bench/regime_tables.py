@@ -125,7 +125,7 @@ def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
         both = tuned.loc[(reading, k)] if (reading, k) in tuned.index.droplevel("seed") else None
         diff = "—"
         if both is not None and family != reading:
-            n, mean, low, high = paired_difference(s, both, n_boot)
+            n, mean, low, high = paired_difference(s, both)
             diff = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] ({n})"
         lines.append(f"| {k} | {family} | {s.mean():.2f} ({len(s)}) | {diff} |")
     return "\n".join(lines)
@@ -154,7 +154,7 @@ def confirmation_table(runs: pd.DataFrame, reference: str, n_boot: int = 2000) -
             if m == reference or (reference, metric) not in by_seed:
                 diffs.append("—")
                 continue
-            n, mean, low, high = paired_difference(by_seed[reference, metric], by_seed[m, metric], n_boot)
+            n, mean, low, high = paired_difference(by_seed[reference, metric], by_seed[m, metric])
             diffs.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] ({n})")
         lines.append(
             f"| {m}{f' ({cell})' if cell else ''} | {len(g)} | {_ms(g['final_accuracy'])} | {_ms(g['auc_accuracy'])} | "

@@ -4,7 +4,7 @@ Methods take roles by their bands in the sweep, never by name: a *two-channel* m
 ≥ 2 τ_p × ≥ 2 τ_a values (COPC and each reading of it), a *single-channel* one varies one band (the
 ablations), a *baseline* has no band. Then:
   (a) coupling: per two-channel method and k, the 2×2 interaction contrasts of its grid with 95 %
-      bootstrap intervals over seeds, significant sign reversals, the interaction share and its test against
+      Welch t intervals over seeds, significant sign reversals, the interaction share and its test against
       an additive grid plus seed noise, with Bonferroni's level over all the grids' tests;
   (b) per k, the best cell of every method, and each two-channel method's best vs the best baseline;
   (c) at the largest k, every method's collapse rate and whether its early warnings came first;
@@ -62,7 +62,7 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     runs = runs[runs["scored"]].assign(objective=lambda f: f["final_accuracy"])
     lags = sorted(int(k) for k in runs["staleness"].unique())
     two, single, baselines = roles(runs)
-    cells = cell_stats(runs, n_boot)
+    cells = cell_stats(runs)
     out = []
     nulls = []
     for m in two:
@@ -81,7 +81,7 @@ def _coupling_section(
     copc: pd.DataFrame, cells: pd.DataFrame, null: pd.DataFrame, method: str, lags: list[int], n_boot: int
 ) -> list[str]:
     out = []
-    pairs = coupling(copc, n_boot)
+    pairs = coupling(copc)
     share = interaction_fraction(copc, n_boot)
     out.append(f"#### (a) Coupling: does τ_p's effect depend on τ_a? ({method} grid)\n")
     out.append(
@@ -252,7 +252,7 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
         return frame.loc[key]["score"] if key in frame.index.droplevel("seed") else pd.Series(dtype=float)
 
     def diff(a: pd.Series, b: pd.Series, signed: bool = True) -> str:
-        n, mean, low, high = paired_difference(a, b, n_boot)
+        n, mean, low, high = paired_difference(a, b)
         return f"{_interval_text(mean, low, high, signed)} ({n})" if n else "—"
 
     def mean_ci(values: pd.Series) -> str:  # a mean's interval: the paired difference from 0
@@ -262,7 +262,7 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
         "\n#### (d) Free of selection: tuned (bands chosen on the other seeds) and untuned (mean over the cells)\n",
         "Per seed, *tuned* scores the cell with the best mean over the other seeds (leave-one-seed-out), so a "
         "grid's best-of-N is not favoured by selection over a one-cell baseline; *baselines (chosen)* is the "
-        "baseline chosen the same way. Seed mean [95 % bootstrap CI] (seeds).\n",
+        "baseline chosen the same way. Seed mean [95 % t CI] (seeds).\n",
         "| method | k | tuned final | tuned AUC | cell chosen per seed (final) | untuned final | untuned AUC |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -287,7 +287,7 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
                 continue
             out += [
                 f"\nTuned {name} of each two-channel method minus each baseline at k = {k}, paired by seed (a seed "
-                "shares its warm start and problems across methods): difference [95 % bootstrap CI] (seeds).\n",
+                "shares its warm start and problems across methods): difference [95 % t CI] (seeds).\n",
                 "| method | " + " | ".join(present) + " |",
                 "|---|" + "---|" * len(present),
             ]
@@ -299,7 +299,7 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
                 )
     if len(two) > 1:
         out += [
-            "\nTwo-channel methods against each other, paired by seed: difference [95 % bootstrap CI] (seeds).\n",
+            "\nTwo-channel methods against each other, paired by seed: difference [95 % t CI] (seeds).\n",
             "| comparison | k | tuned final | tuned AUC | untuned final | untuned AUC |",
             "|---|---|---|---|---|---|",
         ]

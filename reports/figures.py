@@ -91,7 +91,12 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
                 f"{r.mean:.2f}"
                 + ("" if math.isnan(r.sd) else f" ± {r.sd:.2f}")
                 + f"<br>n={r.n}"
-                + (f"<br>✕ {round(r.collapse_rate * r.n)}/{r.n} collapsed" if r.collapse_rate > 0 else "")
+                + (
+                    f"<br>✕ {round(r.collapse_rate * r.n)}/{r.n} collapsed"
+                    f" [{r.collapse_low:.0%}, {r.collapse_high:.0%}]"
+                    if r.collapse_rate > 0
+                    else ""
+                )
             ),
         )
         fig.add_trace(
@@ -149,7 +154,7 @@ def span_at_least(cells: pd.DataFrame, span: float) -> list[float]:
 
 
 def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
-    """Objective against τ_p, one line per τ_a, per staleness level, with the bootstrap 95 % interval
+    """Objective against τ_p, one line per τ_a, per staleness level, with the t 95 % interval
     of the seed mean: non-parallel (crossing) lines are the coupling."""
     mine = cells[cells["method"] == method]
     ks = sorted(mine["staleness"].unique())
@@ -191,7 +196,7 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
 
 
 def contrasts(coupling: pd.DataFrame) -> go.Figure:
-    """Forest plot of interaction contrasts E_b − E_a with bootstrap intervals; sign reversals in red."""
+    """Forest plot of interaction contrasts E_b − E_a with Welch t intervals; sign reversals in red."""
     fig = go.Figure()
     labels = [
         f"{html.escape(r.method)} k={r.staleness}: τp {tau(r.tau_policy_from)}→{tau(r.tau_policy_to)}, "

@@ -73,6 +73,8 @@ CELLS = {
     "ci_low": "float",
     "ci_high": "float",
     "collapse_rate": "float",
+    "collapse_low": "float",
+    "collapse_high": "float",
     "final_mean": "float",
     "peak_mean": "float",
 }

@@ -61,7 +61,8 @@ def test_lag_table_pairs_each_baseline_by_seed_between_consecutive_lags():
     assert len(body) == 1 and body[0].startswith("| async_ppo_recompute | 0.71 ± 0.01 | 0.12 ± 0.02 | -0.59 [")
     assert body[0].endswith("(3) | 0/3 / 1/3 |")
     low, high = (float(x) for x in body[0].split("[")[1].split("]")[0].split(", "))
-    assert -0.60 <= low <= -0.59 <= high <= -0.58
+    half = 4.302652729911275 * 0.01 / 3**0.5  # the t interval of the mean difference: t₀.₉₇₅ (2 df) · sd / √3
+    assert (low, high) == (round(-0.59 - half, 2), round(-0.59 + half, 2))
     assert lag_table(runs[runs["staleness"] != 32]) == ""  # one nonzero lag: nothing to pair
 
 
