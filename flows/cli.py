@@ -487,6 +487,11 @@ def sweep(
     sampler: Sampler = typer.Option(
         "grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"
     ),
+    plan: Optional[pathlib.Path] = typer.Option(
+        None,
+        help="the plan, written before the data (Markdown): kept on the study and in MLflow, a changed one as a new "
+        "version; analyses it names in backticks (`coupling`, `late`, ...) are marked planned in the report",
+    ),
 ) -> None:
     """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
 
@@ -494,6 +499,7 @@ def sweep(
     name, space, base = _sweep_plan(
         name, preset, task, space_file, config, methods, tau_policy, tau_advantage, staleness, seeds, steps
     )
+    plan_text = _plan_text(plan) if plan is not None else None
     from infra.settings import data_root
 
     _servers_up(tracking_uri, storage=storage or f"sqlite:///{data_root() / 'optuna.db'}")
@@ -509,6 +515,7 @@ def sweep(
             "tracking_uri": tracking_uri,
             "sampler": sampler,
             "max_parallel": max_parallel,
+            "plan": plan_text,
         },
         context=LOCAL_CALLER,
     )
@@ -518,6 +525,16 @@ def sweep(
     except StudyFormatError as err:
         _fail(str(err))
     _print_sweep(name, result)
+
+
+def _plan_text(path: pathlib.Path) -> str:
+    """A plan file's text, or exit 2 saying why it cannot be one."""
+    from sweeps.plan import check_plan
+
+    try:
+        return check_plan(_read_text(path))
+    except ValueError as err:
+        _fail(f"--plan {path}: {err}")
 
 
 def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau_advantage, staleness, seeds, steps):

@@ -19,6 +19,7 @@ from copc_core.analysis.token_mdp import AnalysisSpec
 from copc_core.config import RunConfig
 from copc_core.train.run_presets import RUN_PRESETS
 from infra.settings import Runtime
+from sweeps.plan import check_plan
 from sweeps.presets import PRESETS
 from sweeps.space import Band, Sampler, SweepName, SweepSpace
 
@@ -136,11 +137,19 @@ class SweepParams(BaseModel):
         None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI of `copc serve`, else the data folder)"
     )
     data_dir: Optional[str] = Field(None, description="a folder inside the data folder (default: the data folder)")
+    plan: Optional[str] = Field(
+        None,
+        max_length=64 * 1024,
+        description="the plan, written before the data (Markdown): kept on the study and in MLflow as a version; name "
+        "an analysis of the report in backticks (`coupling`, `late`, ...) to mark it planned",
+        json_schema_extra={"format": "textarea"},
+    )
 
     _data_dir = _confined("data_dir", "path")
     _storage = _confined("storage", "store")
     _tracking = _confined("tracking_uri", "store")
     _bands = field_validator("overrides")(classmethod(lambda cls, v: _no_null_bands(v)))
+    _plan = field_validator("plan")(classmethod(lambda cls, v: v if v is None else check_plan(v)))
 
     @model_validator(mode="after")
     def _resolves(self) -> SweepParams:
@@ -352,6 +361,7 @@ def copc_sweep(params: SweepParams) -> SweepOutcome:
             params.sampler,
             params.max_parallel,
             hooks,
+            params.plan,
         )
     finally:
         nodes.close()

@@ -15,6 +15,7 @@ from copc_core.config import RunConfig, with_overrides
 from copc_core.results import TrialResult
 from flows.progress import Bar
 from reports.analysis import best_with_ties
+from sweeps.plan import PLAN_VERSION
 from sweeps.results import SweepResult, TrialOutcome
 from sweeps.space import SweepPoint, SweepSpace, objective_name
 from sweeps.study import (
@@ -53,10 +54,12 @@ def run_sweep(
     sampler: str = "grid",
     max_parallel: int | None = None,
     hooks: SweepHooks | None = None,
+    plan: str | None = None,
 ) -> SweepResult:
     """Run every point of `space` not finished yet in study `name`: warm the cache → open the study and the
-    sweep's MLflow parent → tell Optuna what MLflow holds already → run the fresh points (each a child run from its
-    start, its curves streamed while it trains, then told to Optuna) → close the parent with the per-cell table."""
+    sweep's MLflow parent → record the plan, if one is given, before any trial (sweeps/plan.py) → tell Optuna what
+    MLflow holds already → run the fresh points (each a child run from its start, its curves streamed while it
+    trains, then told to Optuna) → close the parent with the per-cell table."""
     from infra.local_stack import require_servers
     from infra.tracking import Tracker, tracking_uri
 
@@ -73,7 +76,8 @@ def run_sweep(
     parent = tracker.parent_run(name, {"space": space.model_dump(mode="json"), "base": logged_base})
     tracker.sweep_view(name)  # the runs view every link to the sweep opens
     _announce(sweep, tracker, name, space, hooks)
-    outcomes = _run_pending(_Sweep(space, name, base, data, sweep, tracker, parent, max_parallel, hooks))
+    version = _record_plan(sweep, tracker, parent, plan, hooks)
+    outcomes = _run_pending(_Sweep(space, name, base, data, sweep, tracker, parent, max_parallel, hooks, version))
     mine = set(space.grid())
     complete = [
         t for t in sweep.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and trial_point(t) in mine
@@ -106,6 +110,20 @@ def _announce(sweep, tracker, name: str, space: SweepSpace, hooks: SweepHooks) -
         sweep.study.set_user_attr(key, value)
 
 
+def _record_plan(sweep, tracker, parent: str, text: str | None, hooks: SweepHooks) -> int | None:
+    """The plan's version this run of the sweep works under: `text` recorded (a new version if it changed), else the
+    study's latest, else None; every version the study holds is on the MLflow parent too."""
+    from sweeps.plan import record_plan, study_plans
+
+    if text is not None:
+        plan = record_plan(sweep.study, text)
+        hooks.say.info(f"plan v{plan.version} (sha256 {plan.sha256[:12]}) recorded before any trial of this run")
+    plans = study_plans(sweep.study)
+    for p in plans:
+        tracker.record_plan(parent, p.version, p.sha256, p.at, p.text)
+    return plans[-1].version if plans else None
+
+
 def warm_cache(configs: list[RunConfig], cache: pathlib.Path, on_warm=None) -> None:
     """Build the SFT warm start of every distinct warm-start section of `configs` not cached yet (a progress bar on
     a terminal; `on_warm(step, total, loss)` for another display)."""
@@ -133,14 +151,17 @@ class _Sweep:
     parent: str
     max_parallel: int | None
     hooks: SweepHooks
+    plan_version: int | None = None  # the plan this run of the sweep works under (sweeps/plan.py)
 
     def spec(self, point: SweepPoint) -> str:
         """The hash of the method a point runs, as this version's registry resolves it."""
         return self.space.run_config(self.base, point).method.spec_hash()
 
     def attrs(self, point: SweepPoint) -> dict[str, str]:
-        """What a point's trial records beside its point: the method it ran (sweeps.study.changed_definitions)."""
-        return {METHOD_SPEC: self.spec(point)}
+        """What a point's trial records beside its point: the method it ran (sweeps.study.changed_definitions) and
+        the plan it ran under."""
+        plan = {} if self.plan_version is None else {PLAN_VERSION: str(self.plan_version)}
+        return {METHOD_SPEC: self.spec(point)} | plan
 
 
 def _run_pending(s: _Sweep) -> list[TrialOutcome]:
@@ -205,6 +226,8 @@ def _train_points(s: _Sweep, batch: list[SweepPoint], tell) -> None:
     configs = [s.space.run_config(s.base, p) for p in batch]
     names = [p.label(s.space.schedule) for p in batch]
     machine, every_s = machine_tags(), stream_every_s()
+    if s.plan_version is not None:
+        machine = machine | {PLAN_VERSION: str(s.plan_version)}
     run_ids: dict[int, str] = {}
     bar = Bar("trials", "run")
     done_count = [0]

@@ -332,6 +332,17 @@ class Tracker:
         self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW + key, json.dumps(state))
         return key
 
+    def record_plan(self, parent_id: str, version: int, sha256: str, at: str, text: str) -> None:
+        """A version of the sweep's plan on its parent run (sweeps/plan.py): the text as `plan/v<N>.md`, its hash and
+        time as tags `plan.v<N>.sha256` / `plan.v<N>.at`, and `plan_version` naming the current one. Versions
+        already there are left as they are."""
+        tags = self.client.get_run(parent_id).data.tags
+        if f"plan.v{version}.sha256" not in tags:
+            self.client.log_text(parent_id, text, f"plan/v{version}.md")
+            self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
+            self.client.set_tag(parent_id, f"plan.v{version}.at", at)
+        self.client.set_tag(parent_id, "plan_version", str(version))
+
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
         self.client.log_artifact(parent_id, str(path), "report")
@@ -493,10 +504,32 @@ def machine_tags() -> dict[str, str]:
     }
 
 
+def _plans(client: MlflowClient, parent) -> list[dict[str, Any]]:
+    """The plan versions `Tracker.record_plan` left on a parent run, oldest first: {version, sha256, at, text}."""
+    import tempfile
+
+    tags, out = parent.data.tags, []
+    version = 1
+    while f"plan.v{version}.sha256" in tags:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(parent.info.run_id, f"plan/v{version}.md", tmp)
+            text = pathlib.Path(path).read_text(encoding="utf-8")
+        out.append(
+            {
+                "version": version,
+                "sha256": tags[f"plan.v{version}.sha256"],
+                "at": tags[f"plan.v{version}.at"],
+                "text": text,
+            }
+        )
+        version += 1
+    return out
+
+
 def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment: str = "copc") -> dict[str, Any]:
     """Everything the reports need about some sweeps, as plain data (no MLflow objects escape).
 
-    Returns {"experiment_id", "parents": [{run_id, sweep, status, params}], "trials": [{run_id,
+    Returns {"experiment_id", "parents": [{run_id, sweep, status, params, plans}], "trials": [{run_id,
     run_name, status, sweep, params, tags, metrics, history: {key: [(step, value), ...]}}]}.
     Reads only; raises LookupError naming what is missing (no experiment, no such sweep).
     """
@@ -518,7 +551,13 @@ def read_sweeps(uri: str, sweeps: list[str], history_keys: list[str], experiment
             )
             raise LookupError(f"no sweep named {sweep!r} in {uri} (known: {', '.join(map(str, known)) or 'none'})")
         parents += [
-            {"run_id": r.info.run_id, "sweep": sweep, "status": r.info.status, "params": dict(r.data.params)}
+            {
+                "run_id": r.info.run_id,
+                "sweep": sweep,
+                "status": r.info.status,
+                "params": dict(r.data.params),
+                "plans": _plans(client, r),
+            }
             for r in sweep_parents
         ]
         for r in runs:

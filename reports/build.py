@@ -38,6 +38,17 @@ def write_plotly_beside(page: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def _plans(found: dict) -> list[dict]:
+    """Every sweep's plan versions, each with the number of its sweep's runs that ran under it."""
+    out = []
+    for parent in found["parents"]:
+        runs = [t for t in found["trials"] if t["sweep"] == parent["sweep"]]
+        for plan in parent["plans"]:
+            under = sum(t["tags"].get("plan_version") == str(plan["version"]) for t in runs)
+            out.append({"sweep": parent["sweep"], **plan, "runs": under})
+    return out
+
+
 def build_report(
     tracking_uri: str,
     sweeps: list[str],
@@ -65,6 +76,7 @@ def build_report(
             for p in found["parents"]
         ],
         baseline=baseline,
+        plans=_plans(found),
     )
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 from reports import analysis, figures
 from reports.claims import claim_tables, has_claims
 from reports.figures import tau
+from reports.plan import mark_sections, plan_section
 
 _STYLE = """
 *,*::before,*::after{box-sizing:border-box}
@@ -28,6 +29,9 @@ table{border-collapse:collapse;margin:8px 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}.note{color:#555;font-size:0.9em;max-width:1000px}
 .bad{color:#b00}.good{color:#070}.figure{margin:12px 0}
+.planned,.exploratory{font-size:0.6em;vertical-align:middle;padding:1px 6px;border-radius:3px;font-weight:normal}
+.planned{background:#e3f2e3;color:#174d17}.exploratory{background:#f3ead9;color:#6b4a10}
+pre.plan{background:#f8f8f8;border:1px solid #ddd;padding:8px;white-space:pre-wrap;max-width:1000px}
 """
 
 
@@ -42,6 +46,9 @@ class ReportData:
     parent_links: list[tuple[str, str, str]] = field(default_factory=list)  # (sweep, MLflow runs URL, charts URL)
     baseline: str = "async_ppo"
     n_boot: int = analysis.N_BOOT
+    plans: list[dict] = field(
+        default_factory=list
+    )  # every sweep's plan versions: {sweep, version, sha256, at, text, runs}
 
 
 def num(value: Any, digits: int = 3) -> str:
@@ -205,6 +212,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
     )
     sections = (
         _header,
+        lambda data, t: plan_section(data.plans),
         _summary_section,
         _best_section,
         _claims_section,
@@ -216,7 +224,8 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         _step_time_section,
         _all_runs_section,
     )
-    return page(data.title, [part for section in sections for part in section(data, t)], plotly_src)
+    parts = [part for section in sections for part in section(data, t)]
+    return page(data.title, mark_sections(parts, data.plans), plotly_src)
 
 
 def _header(data: ReportData, t: _Tables) -> list[str]:

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from copc_core.rl.methods import preset
 from reports.analysis import additive_null
@@ -173,10 +174,10 @@ def test_every_table_of_the_claims_section_has_as_many_header_cells_as_columns()
         assert lines[i - 1].count("|") == lines[i].count("|"), lines[i - 1]
 
 
-def test_the_coupling_tables_end_with_bonferronis_level_over_every_grids_additive_null_test():
+def test_the_coupling_tables_end_with_holms_correction_over_every_grids_additive_null_test():
     """Two grids carry a test: COPC's at k = 4 (the reversal: no null draw reaches it, p = 1/2001) and a second
-    two-channel method's additive grid at k = 4 (share 0: p = 1). COPC's flat k = 64 grids have no test. So m = 2, the
-    level is 0.05 / 2 = 0.025, and only COPC at k = 4 is below it."""
+    two-channel method's additive grid at k = 4 (share 0: p = 1). COPC's flat k = 64 grids have no test. So m = 2:
+    Holm multiplies the smaller p by 2 (2/2001 = 0.0010) and the larger by 1, and only COPC at k = 4 is below 0.05."""
     base = constructed_rows()
     additive = {
         (tp, ta): 0.3 + 0.1 * i + 0.05 * j
@@ -192,7 +193,16 @@ def test_the_coupling_tables_end_with_bonferronis_level_over_every_grids_additiv
     null = additive_null(runs[runs["method"] == "copc[behavior]"])
     assert list(null["staleness"]) == [4] and null["p_value"].iloc[0] == 1.0
     line = next(x for x in claim_tables(runs).splitlines() if x.startswith("Multiple testing"))
-    assert "hold 2 additive-null test(s)" in line and "0.05 / 2 = 0.0250" in line
-    assert "Below it: copc at k = 4 (p 0.000)." in line
+    assert "hold 2 additive-null test(s)" in line and "times 2 − i + 1" in line
+    assert "Below it: copc at k = 4 (p 0.0005, Holm 0.0010)." in line
     one = next(x for x in claim_tables(pd.DataFrame(base)).splitlines() if x.startswith("Multiple testing"))
-    assert "hold 1 additive-null test(s)" in one and "0.05 / 1 = 0.0500" in one
+    assert "hold 1 additive-null test(s)" in one and "(p 0.0005, Holm 0.0005)" in one
+
+
+def test_holm_adjusts_step_down_by_hand():
+    """p = (0.01, 0.04, 0.03, 0.005), m = 4: sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → made
+    non-decreasing 0.02, 0.03, 0.06, 0.06; back in the order given."""
+    from reports.plan import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []  # 0.5·2 = 1, then max(1, 0.9·1)

@@ -447,3 +447,18 @@ def test_the_sweep_form_is_a_preset_the_axes_and_overrides_resolved_as_the_cli_r
     ):
         with pytest.raises(ValidationError, match=field):
             SweepParams(**bad)
+
+
+def test_a_plan_that_cannot_be_one_exits_2_before_anything_runs(tmp_path):
+    """`copc sweep --plan FILE`: an empty file, a missing one or one over 64 K characters is named, nothing written."""
+    empty, huge = tmp_path / "empty.md", tmp_path / "huge.md"
+    empty.write_text("  \n")
+    huge.write_text("x" * (64 * 1024 + 1))
+    for path, needle in (
+        (empty, "the plan is empty"),
+        (huge, "65,537 characters; at most 65,536"),
+        (tmp_path / "no.md", "cannot read"),
+    ):
+        out = copc_here("sweep", "--plan", str(path), data_dir=tmp_path)
+        assert out.returncode == 2 and needle in out.stderr and str(path) in out.stderr, out.stderr
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()

@@ -255,3 +255,89 @@ def test_late_training_section_draws_the_survival_steps_and_the_collapse_table(b
     shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "late.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def _planned_sweep(tmp_path, monkeypatch, v1: str, v2: str) -> tuple[str, str, list[bool]]:
+    """Sweep "planned" (COPC's 2 × 2 grid) run under plan v1 on seed 0, grown by seed 1 under v2, then run again under
+    v2; each trial a made-up result (no training, no Ray). Returns the stores and, per run that trained, whether the
+    study had no plan yet when its trials were asked."""
+    import optuna
+
+    import infra.ray_runtime
+    from copc_core.results import TrialResult
+    from flows.sweep_job import run_sweep
+    from infra import sweep_runs
+    from sweeps.space import SweepSpace
+    from tests.conftest import tiny_config
+    from tests.test_sweeps import summary
+
+    storage, tracking = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    asked_before_plan = []
+
+    def fake_trials(configs, cache, done, max_parallel=None, on_start=None):
+        study = optuna.load_study(study_name="planned", storage=storage)
+        asked_before_plan.append("plans" not in study.user_attrs)
+        for i, config in enumerate(configs):
+            on_start(i)
+            value = 0.5 + config.method.tau_policy / 10 - config.method.tau_advantage / 20 + config.train.seed / 100
+            done(i, TrialResult(summary(value), objective=value))
+
+    monkeypatch.setattr(sweep_runs, "run_trials", fake_trials)
+    monkeypatch.setattr(infra.ray_runtime, "init_ray", lambda **kw: None)
+    monkeypatch.setattr("flows.sweep_job.warm_cache", lambda configs, cache: None)
+    space = SweepSpace(methods=[{"name": "copc", "tau_policy": [2.0, 4.0], "tau_advantage": [1.0, 2.0]}], seeds=[0])
+    run = dict(base=tiny_config(), data=tmp_path, storage=storage, tracking=tracking)
+    run_sweep(space, "planned", plan=v1, **run)
+    grown = space.model_copy(update={"seeds": [0, 1]})
+    run_sweep(grown, "planned", plan=v2, **run)
+    run_sweep(grown, "planned", plan=v2, **run)  # the same plan: no new version, no point left to run
+    return storage, tracking, asked_before_plan
+
+
+def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_report(browser, tmp_path, monkeypatch):
+    """`--plan` before the data: v1 is on the study and the MLflow parent before the first trial, each trial carries
+    the version it ran under; a changed plan is v2 beside v1; the same plan again adds nothing. The report (read from
+    MLflow alone) lists both versions with their runs, shows the latest text, and marks the sections the plan names
+    planned and the others exploratory — read here in Chromium."""
+    import hashlib
+
+    import optuna
+    from mlflow.tracking import MlflowClient
+    from selenium.webdriver.common.by import By
+
+    from reports.build import build_report
+
+    v1 = "# Plan\nRead `coupling` and `late`; collapse is counted apart.\n"
+    v2 = v1 + "Added before seed 1: `methods`.\n"
+    storage, tracking, asked_before_plan = _planned_sweep(tmp_path, monkeypatch, v1, v2)
+    assert asked_before_plan == [False, False]  # the plan was on the study before any trial ran
+    study = optuna.load_study(study_name="planned", storage=storage)
+    plans = study.user_attrs["plans"]
+    assert [(p["version"], p["text"], p["sha256"]) for p in plans] == [
+        (1, v1, hashlib.sha256(v1.encode()).hexdigest()),
+        (2, v2, hashlib.sha256(v2.encode()).hexdigest()),
+    ]
+    versions = sorted((t.params["seed"], t.user_attrs["plan_version"]) for t in study.trials)
+    assert versions == [(0, "1")] * 8 + [(1, "2")] * 8  # 2 × 2 bands × the default lags 0 and 4, per seed
+    client = MlflowClient(tracking)
+    (parent,) = client.search_runs(["1"], "tags.copc_kind = 'sweep'")
+    assert parent.data.tags["plan_version"] == "2" and parent.data.tags["plan.v1.sha256"] == plans[0]["sha256"]
+    for v, text in ((1, v1), (2, v2)):
+        path = client.download_artifacts(parent.info.run_id, f"plan/v{v}.md", str(tmp_path))
+        assert pathlib.Path(path).read_text() == text
+    trial_tags = sorted(r.data.tags["plan_version"] for r in client.search_runs(["1"], "tags.copc_kind = 'trial'"))
+    assert trial_tags == ["1"] * 8 + ["2"] * 8
+
+    browser.get(build_report(tracking, ["planned"], tmp_path / "reports" / "planned.html").as_uri())
+    rows = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "#plans tr")[1:]]
+    assert [r[:2] + r[-1:] for r in rows] == [["planned", "v1", "8"], ["planned", "v2", "8"]]
+    assert browser.find_element(By.CSS_SELECTOR, "pre.plan").text == v2.strip()
+    marks = {
+        h.get_attribute("data-analysis"): h.find_element(By.CSS_SELECTOR, "span").text
+        for h in browser.find_elements(By.CSS_SELECTOR, "h2[data-analysis]")
+    }
+    assert marks["coupling"] == marks["late"] == marks["methods"] == "planned"
+    assert marks["heatmaps"] == marks["best"] == "exploratory"
+    shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "report-plan.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -1,0 +1,58 @@
+"""A sweep's plan: the analyses and criteria written before its data, kept with the study as versions.
+
+A plan is text (Markdown). `copc sweep --plan FILE` (or the Prefect form's `plan` field) records it on the Optuna
+study before the sweep's first trial: its text, SHA-256 and the time, as version 1; the same text again changes
+nothing; another text becomes the next version, and every version stays. Each trial records the version current
+when it was asked, and the MLflow parent run holds every version as an artifact (`plan/v<N>.md`), so the report reads
+them from MLflow alone. A plan names an analysis of the report by its id in backticks (`coupling`, see
+`reports.plan.ANALYSES`): the report marks that section *planned* and the others *exploratory*, and corrects the
+planned tests for multiplicity (Holm).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from dataclasses import asdict, dataclass
+
+PLANS = "plans"  # study user attribute: the list of versions, oldest first
+PLAN_VERSION = "plan_version"  # trial user attribute: the version current when the trial was asked
+MAX_PLAN_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: int
+    sha256: str
+    at: str  # when this version was first recorded (UTC, ISO 8601)
+    text: str
+
+
+def plan_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_plan(text: str) -> str:
+    """The plan text, or ValueError saying why it cannot be one (empty, too long)."""
+    if not text.strip():
+        raise ValueError("the plan is empty")
+    if len(text) > MAX_PLAN_CHARS:
+        raise ValueError(f"the plan has {len(text):,} characters; at most {MAX_PLAN_CHARS:,}")
+    return text
+
+
+def study_plans(study) -> list[Plan]:
+    """Every version recorded on an Optuna study, oldest first."""
+    return [Plan(**p) for p in study.user_attrs.get(PLANS, [])]
+
+
+def record_plan(study, text: str) -> Plan:
+    """Record `text` as the study's current plan: the latest version when it is that text, else a new version."""
+    plans = study_plans(study)
+    digest = plan_hash(check_plan(text))
+    if plans and plans[-1].sha256 == digest:
+        return plans[-1]
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    plan = Plan(len(plans) + 1, digest, now, text)
+    study.set_user_attr(PLANS, [asdict(p) for p in [*plans, plan]])
+    return plan
