@@ -487,6 +487,12 @@ def sweep(
     sampler: Sampler = typer.Option(
         "grid", help="grid | tpe (every point is run either way; tpe only orders new ones)"
     ),
+    warm_start_per_seed: Optional[bool] = typer.Option(
+        None,
+        "--warm-start-per-seed/--one-warm-start",
+        help="each seed its own SFT warm start (cached per seed), so seeds vary the starting model too (default: the "
+        "preset's, one for every seed); a study keeps the choice it started with",
+    ),
     plan: Optional[pathlib.Path] = typer.Option(
         None,
         help="the plan, written before the data (Markdown): kept on the study and in MLflow, a changed one as a new "
@@ -515,6 +521,7 @@ def sweep(
             "tracking_uri": tracking_uri,
             "sampler": sampler,
             "max_parallel": max_parallel,
+            "warm_start_per_seed": warm_start_per_seed,
             "plan": plan_text,
         },
         context=LOCAL_CALLER,

@@ -126,6 +126,9 @@ class SweepParams(BaseModel):
         None, ge=1, le=1_000_000, description="learner steps per trial (None: the preset's; embedded-default 200)"
     )
     max_parallel: Optional[int] = Field(None, ge=1, le=4096, description="trials at once (default: one per CPU)")
+    warm_start_per_seed: Optional[bool] = Field(
+        None, description="each seed its own SFT warm start, cached per seed (None: the preset's; a study keeps one)"
+    )
     sampler: Sampler = "grid"
     overrides: dict[str, OverrideValue] = Field(
         default_factory=dict, description='dotted RunConfig fields over the base, e.g. {"train.lr": 5e-5}'
@@ -168,6 +171,10 @@ class SweepParams(BaseModel):
         space, base = sweep_preset(self.preset)
         lists = (self.methods, self.tau_policy, self.tau_advantage, self.staleness, self.seeds)
         space = with_axes(self.space or space, *(axis or None for axis in lists), self.steps)
+        if self.warm_start_per_seed is not None:
+            space = SweepSpace.model_validate(
+                space.model_dump(mode="json") | {"warm_start_per_seed": self.warm_start_per_seed}
+            )
         return self.name or self.preset, space, with_overrides(self.base or base, self.overrides)
 
 

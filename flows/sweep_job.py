@@ -27,6 +27,7 @@ from sweeps.study import (
     pending_points,
     run_study,
     running_elsewhere,
+    same_seed_scope,
     trial_point,
 )
 
@@ -70,6 +71,7 @@ def run_sweep(
     (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     sweep = open_study(name, storage, sampler)
     changed_definitions(sweep, space, lambda p: space.run_config(base, p).method.spec_hash())
+    same_seed_scope(sweep, space)
     name_objective(sweep, objective_name(space))
     # the base's steps are the space's (a trial runs space.steps): logged so, not as the base config says
     logged_base = with_overrides(base, {"train.steps": space.steps}).model_dump(mode="json")

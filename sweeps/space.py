@@ -148,6 +148,11 @@ class SweepSpace(BaseModel):
     steps: int = Field(60, ge=1, le=1_000_000)
     objective: Literal["final", "peak", "auc"] = "final"
     collapse_penalty: float = Field(0.5, ge=0.0, le=1.0, description="subtracted from a collapsed run's score")
+    warm_start_per_seed: bool = Field(
+        False,
+        description="each seed its own SFT warm start (warm_start.seed = the run's seed, one cached per seed): the "
+        "seed axis then varies the starting model as well as RL sampling; the held-out set stays fixed",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -229,6 +234,7 @@ class SweepSpace(BaseModel):
                 lag: point.staleness,
                 "train.seed": point.seed,
                 "train.steps": self.steps,
+                **({"warm_start.seed": point.seed} if self.warm_start_per_seed else {}),
             },
         )
 

@@ -106,6 +106,25 @@ def open_study(name: str, storage: str, sampler: str = "grid") -> SweepStudy:
     return SweepStudy(study, rdb)
 
 
+SEED_SCOPE = "warm_start_per_seed"  # study user attribute: whether a seed picks its warm start (SweepSpace)
+
+
+def same_seed_scope(sweep: SweepStudy, space: SweepSpace) -> None:
+    """Record whether the study's seeds vary the warm start, or refuse a space that says otherwise: a point's identity
+    (method, bands, lag, seed) does not hold it, so its finished trials would count as done under the other scope. A
+    study that holds trials from before the attribute existed ran one warm start for every seed."""
+    recorded = sweep.study.user_attrs.get(SEED_SCOPE)
+    if recorded is None:
+        recorded = False if sweep.study.get_trials(deepcopy=False) else space.warm_start_per_seed
+        sweep.study.set_user_attr(SEED_SCOPE, recorded)
+    if recorded != space.warm_start_per_seed:
+        said = {True: "each seed its own warm start", False: "one warm start for every seed"}
+        raise StudyFormatError(
+            f"study {sweep.study.study_name!r} ran {said[recorded]}; this sweep asks for {said[not recorded]}: its "
+            "finished points would count as done under the other. Run it under a new name."
+        )
+
+
 def name_objective(sweep: SweepStudy, name: str) -> None:
     """The objective's name where optuna-dashboard shows it (in place of "Objective 0")."""
     with warnings.catch_warnings():  # "experimental" in Optuna

@@ -890,3 +890,29 @@ def test_heartbeat_settings_come_from_the_environment_checked_before_anything_ru
     monkeypatch.setenv("COPC_HEARTBEAT_GRACE_S", "7")
     sweep = open_study("beats", f"sqlite:///{tmp_path / 'beats.db'}")
     assert (sweep.storage.heartbeat_interval, sweep.storage.grace_period) == (2, 7)
+
+
+def test_a_seed_may_pick_its_warm_start_and_a_study_keeps_the_choice_it_started_with(tmp_path):
+    """`warm_start_per_seed`: a point's run config takes warm_start.seed = its seed (one cached warm start per seed;
+    the held-out set stays as it was), off by default. A study records the choice with its first sweep; a sweep asking
+    for the other is refused, since the point (method, bands, lag, seed) would count as done under either."""
+    from copc_core.train.warmstart import warm_start_key
+    from flows.prefect_flows import LOCAL_CALLER, SweepParams
+    from sweeps.study import StudyFormatError, same_seed_scope
+
+    base = tiny_config()
+    one, per_seed = tiny_space(seeds=[0, 1]), tiny_space(seeds=[0, 1], warm_start_per_seed=True)
+    configs = [per_seed.run_config(base, p) for p in per_seed.grid()]
+    assert {(c.train.seed, c.warm_start.seed) for c in configs} == {(0, 0), (1, 1)}
+    assert {c.task for c in configs} == {base.task}  # the held-out set is the task's: unchanged
+    assert len({warm_start_key(c) for c in configs}) == 2
+    assert len({warm_start_key(one.run_config(base, p)) for p in one.grid()}) == 1
+    assert {one.run_config(base, p).warm_start.seed for p in one.grid()} == {base.warm_start.seed}
+
+    storage = f"sqlite:///{tmp_path / 'scope.db'}"
+    same_seed_scope(open_study("per-seed", storage), per_seed)
+    same_seed_scope(open_study("per-seed", storage), per_seed)  # the same choice again: fine
+    with pytest.raises(StudyFormatError, match="ran each seed its own warm start; this sweep asks for one warm start"):
+        same_seed_scope(open_study("per-seed", storage), one)
+    params = SweepParams.model_validate({"warm_start_per_seed": True, "seeds": [0, 1]}, context=LOCAL_CALLER)
+    assert params.resolved()[1].warm_start_per_seed and not SweepParams().resolved()[1].warm_start_per_seed
