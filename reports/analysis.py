@@ -96,6 +96,71 @@ def contrast_interval(samples: list[np.ndarray], weights: list[float], level: fl
     return estimate - half, estimate + half
 
 
+def iqm(values: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """The interquartile mean (rliable's `aggregate_iqm`: the mean of the middle half, scipy's 25 % trimmed mean)."""
+    return stats.trim_mean(values, 0.25, axis=axis)
+
+
+def improvement_probability(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """P(X > Y) + ½ P(X = Y) over every pair of a run of X and a run of Y (rliable's `probability_of_improvement` on
+    one task: the Mann–Whitney U of X over Y divided by the pairs)."""
+    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
+    diff = x[..., :, None] - y[..., None, :]
+    return ((diff > 0) + 0.5 * (diff == 0)).mean(axis=(-2, -1))
+
+
+def _bootstrap(samples: tuple, statistic, key: tuple, level: float) -> tuple[float, float]:
+    """A percentile bootstrap interval of `statistic` over independent `samples` (scipy), its stream the row's own;
+    none under two values a sample, the point itself when every resample gives one value."""
+    if any(len(s) < 2 for s in samples):
+        return math.nan, math.nan
+    ci = stats.bootstrap(
+        samples, statistic, confidence_level=level, n_resamples=N_BOOT, method="percentile", random_state=_stream(key)
+    )
+    return float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+
+
+def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """Per (method, k): the IQM of final held-out accuracy over runs with a percentile bootstrap interval (as rliable
+    gives it), and, per two-channel reading of COPC against each baseline at that k, the probability of improvement
+    with its bootstrap interval (both samples resampled). Coverage at 5 seeds: `python -m bench.coverage`."""
+    scored = runs[runs["scored"]]
+    finals = {key: g["final_accuracy"].to_numpy(float) for key, g in scored.groupby(["method", "staleness"])}
+    rows = []
+    for (method, k), x in sorted(finals.items()):
+        low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", method, k), level)
+        rows.append({"method": method, "staleness": k, "n": len(x), "iqm": float(iqm(x)), "low": low, "high": high})
+    return pd.DataFrame(rows, columns=["method", "staleness", "n", "iqm", "low", "high"])
+
+
+def improvement_table(
+    runs: pd.DataFrame, readings: list[str], baselines: list[str], level: float = LEVEL
+) -> pd.DataFrame:
+    """Per k, each reading against each baseline: P(reading's final accuracy > the baseline's) with its interval."""
+    scored = runs[runs["scored"]]
+    finals = {key: g["final_accuracy"].to_numpy(float) for key, g in scored.groupby(["method", "staleness"])}
+    rows = []
+    for (method, k), x in sorted(finals.items()):
+        if method not in readings:
+            continue
+        for base in baselines:
+            y = finals.get((base, k))
+            if y is None:
+                continue
+            low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
+            rows.append(
+                {
+                    "reading": method,
+                    "baseline": base,
+                    "staleness": k,
+                    "p": float(improvement_probability(x, y)),
+                    "low": low,
+                    "high": high,
+                }
+            )
+    return pd.DataFrame(rows, columns=["reading", "baseline", "staleness", "p", "low", "high"])
+
+
 def collapse_interval(collapsed: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """The exact (Clopper–Pearson) interval of a collapse rate, `collapsed` of `n` runs (scipy's binomtest)."""
     if n == 0:

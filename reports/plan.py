@@ -22,6 +22,7 @@ ANALYSES = {
     "curves": "Learning curves",
     "stability": "Stability diagnostics",
     "late": "Late in training",
+    "aggregates": "Aggregates",
     "step-time": "Step time",
 }
 

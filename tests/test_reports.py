@@ -659,3 +659,23 @@ def test_late_stage_counts_collapses_and_gives_intervals_per_method():
     ]
     grown = analysis.late_stage(frame(more), curves_frame(more)).set_index("method")
     assert grown.loc["copc", "late_auc_low"] == late.loc["copc", "late_auc_low"]
+
+
+def test_rliables_aggregates_by_their_definitions_on_hand_values():
+    """IQM of (0.1, 0.6, 0.65, 0.7, 0.9): the middle three (scipy trims one run from each end at 25 %), 0.65.
+    P(X > Y) + ½ P(X = Y) for X = (0.6, 0.7), Y = (0.6, 0.5): pairs 0.6–0.6 tie (½), 0.6–0.5, 0.7–0.6, 0.7–0.5 above:
+    3.5 / 4. The performance profile at τ = 0.62 of the first: 3 of 5 runs above."""
+    x = np.array([0.6, 0.1, 0.9, 0.65, 0.7])
+    assert analysis.iqm(x) == pytest.approx(0.65)
+    assert analysis.improvement_probability(np.array([0.6, 0.7]), np.array([0.6, 0.5])) == pytest.approx(3.5 / 4)
+    records = [trial(f"a{s}", INF, INF, 4, s, v, method="tis") for s, v in enumerate(x)]
+    records += [trial(f"c{s}", 2.0, 1.0, 4, s, v, method="copc") for s, v in enumerate([0.7, 0.8, 0.75, 0.7, 0.9])]
+    runs = frame(records)
+    agg = analysis.aggregates(runs).set_index("method")
+    assert agg.loc["tis", "iqm"] == pytest.approx(0.65) and agg.loc["tis", "low"] <= 0.65 <= agg.loc["tis", "high"]
+    improve = analysis.improvement_table(runs, ["copc"], ["tis"]).iloc[0]
+    pairs = [(a, b) for a in [0.7, 0.8, 0.75, 0.7, 0.9] for b in x]
+    assert improve.p == pytest.approx(sum((a > b) + 0.5 * (a == b) for a, b in pairs) / 25)
+    fig = figures.performance_profiles(runs)
+    tis = next(tr for tr in fig.data if tr.name == "tis")
+    assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)
