@@ -57,10 +57,10 @@ def run_sweep(
     hooks: SweepHooks | None = None,
     plan: str | None = None,
 ) -> SweepResult:
-    """Run every point of `space` not finished yet in study `name`: warm the cache → open the study and the
-    sweep's MLflow parent → record the plan, if one is given, before any trial (sweeps/plan.py) → tell Optuna what
-    MLflow holds already → run the fresh points (each a child run from its start, its curves streamed while it
-    trains, then told to Optuna) → close the parent with the per-cell table."""
+    """Run every point of `space` not finished yet in study `name`: open the study (refusing one this space cannot
+    grow) → warm the cache → open the sweep's MLflow parent → record the plan, if one is given, before any trial
+    (sweeps/plan.py) → tell Optuna what MLflow holds already → run the fresh points (each a child run from its start,
+    its curves streamed while it trains, then told to Optuna) → close the parent with the per-cell table."""
     from infra.local_stack import require_servers
     from infra.tracking import Tracker, tracking_uri
 
@@ -68,10 +68,10 @@ def run_sweep(
     storage = storage or f"sqlite:///{data / 'optuna.db'}"
     require_servers(tracking_uri(data, tracking), prefect=False)  # before the study or any run exists
     tracker = Tracker(tracking_uri(data, tracking), artifact_dir=data / "mlartifacts")
-    (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     sweep = open_study(name, storage, sampler)
     changed_definitions(sweep, space, lambda p: space.run_config(base, p).method.spec_hash())
-    same_seed_scope(sweep, space)
+    same_seed_scope(sweep, space)  # both refuse before any warm start is trained
+    (hooks.warm_start or warm_cache)([space.run_config(base, p) for p in space.grid()], data / "cache")
     name_objective(sweep, objective_name(space))
     # the base's steps are the space's (a trial runs space.steps): logged so, not as the base config says
     logged_base = with_overrides(base, {"train.steps": space.steps}).model_dump(mode="json")
@@ -122,7 +122,7 @@ def _record_plan(sweep, tracker, parent: str, text: str | None, hooks: SweepHook
         hooks.say.info(f"plan v{plan.version} (sha256 {plan.sha256[:12]}) recorded before any trial of this run")
     plans = study_plans(sweep.study)
     for p in plans:
-        tracker.record_plan(parent, p.version, p.sha256, p.at, p.text)
+        tracker.record_plan(parent, p.version, p.sha256, p.at, p.text, p.runs_before)
     return plans[-1].version if plans else None
 
 

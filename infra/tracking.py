@@ -332,15 +332,25 @@ class Tracker:
         self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW + key, json.dumps(state))
         return key
 
-    def record_plan(self, parent_id: str, version: int, sha256: str, at: str, text: str) -> None:
-        """A version of the sweep's plan on its parent run (sweeps/plan.py): the text as `plan/v<N>.md`, its hash and
-        time as tags `plan.v<N>.sha256` / `plan.v<N>.at`, and `plan_version` naming the current one. Versions
-        already there are left as they are."""
+    def record_plan(self, parent_id: str, version: int, sha256: str, at: str, text: str, runs_before: int = 0) -> None:
+        """A version of the sweep's plan on its parent run (sweeps/plan.py): the text as `plan/v<N>.md`, its time and
+        the trials finished before it as tags `plan.v<N>.at` / `plan.v<N>.runs_before`, its hash `plan.v<N>.sha256`
+        written last (a version is whole when its hash is there), and `plan_version` naming the current one. A
+        version already there is left as it is; one there with another hash (the parent of an older study under the
+        same name) raises ValueError rather than show a text that is not the study's."""
         tags = self.client.get_run(parent_id).data.tags
-        if f"plan.v{version}.sha256" not in tags:
+        recorded = tags.get(f"plan.v{version}.sha256")
+        if recorded is not None and recorded != sha256:
+            raise ValueError(
+                f"plan v{version} of this sweep's MLflow parent run {parent_id} has sha256 {recorded[:12]}, the "
+                f"study's has {sha256[:12]}: the run belongs to another study of the same name; run this sweep "
+                "under a new name"
+            )
+        if recorded is None:
             self.client.log_text(parent_id, text, f"plan/v{version}.md")
-            self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
             self.client.set_tag(parent_id, f"plan.v{version}.at", at)
+            self.client.set_tag(parent_id, f"plan.v{version}.runs_before", str(runs_before))
+            self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
         self.client.set_tag(parent_id, "plan_version", str(version))
 
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
@@ -519,6 +529,7 @@ def _plans(client: MlflowClient, parent) -> list[dict[str, Any]]:
                 "version": version,
                 "sha256": tags[f"plan.v{version}.sha256"],
                 "at": tags[f"plan.v{version}.at"],
+                "runs_before": int(tags.get(f"plan.v{version}.runs_before", "0")),
                 "text": text,
             }
         )

@@ -7,7 +7,7 @@ synthetic cells shaped like the study's runs: `python -m bench.coverage`, docs/B
 of independent cells (runs are independent training processes) are Welch–Satterthwaite t intervals; the
 interaction share, not linear in the cells, keeps a percentile bootstrap, each cell resampled by a random stream of
 its own (adding a cell moves no other interval). A cell where runs collapse mixes a point mass into its mean: no
-interval of that mean covers at 5 seeds (46-66 % in the benchmark); its collapse rate carries an exact
+interval of that mean covers at 5 seeds (45-67 % in the benchmark); its collapse rate carries an exact
 (Clopper–Pearson) interval, which covers. Cells with fewer than two seeds get no interval (NaN).
 
 Coupling. For τ_p levels i < j and τ_a levels a < b, the effect of moving τ_p from i to j is
@@ -83,8 +83,11 @@ def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, floa
 def contrast_interval(samples: list[np.ndarray], weights: list[float], level: float = LEVEL) -> tuple[float, float]:
     """Welch–Satterthwaite t interval of Σ w·mean over independent samples (the seeds of distinct cells): variance
     Σ w²s²/n, degrees of freedom (Σ v)² / Σ v²/(n − 1) with v = w²s²/n. Two samples with weights (1, −1) give scipy's
-    `ttest_ind(equal_var=False).confidence_interval()` (a test holds them equal). No interval under two values a
-    sample; the point itself when every sample is constant."""
+    `ttest_ind(equal_var=False).confidence_interval()` (a test holds them equal). No interval under two finite values
+    a sample; the point itself when every sample is constant. Cells of one grid share each seed's warm start and
+    problems: a seed effect common to every cell cancels in a contrast (its weights sum to 0), so this interval, which
+    treats the cells as independent, is then wider than it need be."""
+    samples = [np.asarray(s, float)[np.isfinite(s)] for s in samples]
     if any(len(s) < 2 for s in samples):
         return math.nan, math.nan
     estimate = float(sum(w * s.mean() for w, s in zip(weights, samples)))
@@ -120,45 +123,46 @@ def _bootstrap(samples: tuple, statistic, key: tuple, level: float) -> tuple[flo
     return float(ci.confidence_interval.low), float(ci.confidence_interval.high)
 
 
-def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
-    """Per (method, k): the IQM of final held-out accuracy over runs with a percentile bootstrap interval (as rliable
-    gives it), and, per two-channel reading of COPC against each baseline at that k, the probability of improvement
-    with its bootstrap interval (both samples resampled). Coverage at 5 seeds: `python -m bench.coverage`."""
+def cell_finals(runs: pd.DataFrame) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """Final held-out accuracy of the scored runs per (method, k) and cell: {(method, k): {cell label: values}}. A
+    method swept over a grid has a cell each (its runs at one setting are the replicates rliable aggregates over)."""
     scored = runs[runs["scored"]]
-    finals = {key: g["final_accuracy"].to_numpy(float) for key, g in scored.groupby(["method", "staleness"])}
+    bands = method_bands(runs)
+    out: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    for (method, k, tp, ta), g in scored.groupby(_CELL, sort=True):
+        label = cell_label(method, tp, ta, bands[method])
+        out.setdefault((method, int(k)), {})[label] = g["final_accuracy"].to_numpy(float)
+    return out
+
+
+def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """Per cell (a method at one setting) and k: the IQM of final held-out accuracy over its runs with a percentile
+    bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
     rows = []
-    for (method, k), x in sorted(finals.items()):
-        low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", method, k), level)
-        rows.append({"method": method, "staleness": k, "n": len(x), "iqm": float(iqm(x)), "low": low, "high": high})
-    return pd.DataFrame(rows, columns=["method", "staleness", "n", "iqm", "low", "high"])
+    for (_, k), cells in sorted(cell_finals(runs).items()):
+        for cell, x in cells.items():
+            low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", cell, k), level)
+            rows.append({"cell": cell, "staleness": k, "n": len(x), "iqm": float(iqm(x)), "low": low, "high": high})
+    return pd.DataFrame(rows, columns=["cell", "staleness", "n", "iqm", "low", "high"])
 
 
 def improvement_table(
     runs: pd.DataFrame, readings: list[str], baselines: list[str], level: float = LEVEL
 ) -> pd.DataFrame:
-    """Per k, each reading against each baseline: P(reading's final accuracy > the baseline's) with its interval."""
-    scored = runs[runs["scored"]]
-    finals = {key: g["final_accuracy"].to_numpy(float) for key, g in scored.groupby(["method", "staleness"])}
+    """Per k, each cell of each reading against each baseline: P(the cell's final accuracy > the baseline's) with its
+    percentile bootstrap interval (both samples resampled)."""
+    finals = cell_finals(runs)
     rows = []
-    for (method, k), x in sorted(finals.items()):
+    for (method, k), cells in sorted(finals.items()):
         if method not in readings:
             continue
         for base in baselines:
-            y = finals.get((base, k))
-            if y is None:
-                continue
-            low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
-            rows.append(
-                {
-                    "reading": method,
-                    "baseline": base,
-                    "staleness": k,
-                    "p": float(improvement_probability(x, y)),
-                    "low": low,
-                    "high": high,
-                }
-            )
-    return pd.DataFrame(rows, columns=["reading", "baseline", "staleness", "p", "low", "high"])
+            for base_cell, y in finals.get((base, k), {}).items():
+                for cell, x in cells.items():
+                    low, high = _bootstrap((x, y), improvement_probability, ("improve", cell, base_cell, k), level)
+                    p = float(improvement_probability(x, y))
+                    rows.append({"cell": cell, "baseline": base_cell, "staleness": k, "p": p, "low": low, "high": high})
+    return pd.DataFrame(rows, columns=["cell", "baseline", "staleness", "p", "low", "high"])
 
 
 def collapse_interval(collapsed: int, n: int, level: float = LEVEL) -> tuple[float, float]:

@@ -5,7 +5,7 @@ Methods take roles by their bands in the sweep, never by name: a *two-channel* m
 ablations), a *baseline* has no band. Then:
   (a) coupling: per two-channel method and k, the 2×2 interaction contrasts of its grid with 95 %
       Welch t intervals over seeds, significant sign reversals, the interaction share and its test against
-      an additive grid plus seed noise, with Bonferroni's level over all the grids' tests;
+      an additive grid plus seed noise, with Holm's correction over all the grids' tests;
   (b) per k, the best cell of every method, and each two-channel method's best vs the best baseline;
   (c) at the largest k, every method's collapse rate and whether its early warnings came first;
   plus the high-performing region: the share of each banded method's cells within 90 % of the best;

@@ -480,8 +480,9 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
 
 
 def performance_profiles(runs: pd.DataFrame) -> go.Figure:
-    """Performance profiles (rliable's): the share of each method's runs whose final held-out accuracy is above τ,
-    against τ, one panel per lag k, one line per method (COPC's readings thicker)."""
+    """Performance profiles (rliable's): the share of a cell's runs (a method at one setting) whose final held-out
+    accuracy is above τ, against τ, one panel per lag k, one line per cell (a method's grid in thin lines of its
+    colour)."""
     scored = runs[runs["scored"]]
     ks = sorted(scored["staleness"].unique())
     fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
@@ -489,25 +490,28 @@ def performance_profiles(runs: pd.DataFrame) -> go.Figure:
     taus = np.linspace(0.0, 1.0, 201)
     low, high = scored["final_accuracy"].min(), scored["final_accuracy"].max()
     span = [max(0.0, low - 0.05), min(1.0, high + 0.05)]  # where the runs end: the profiles' steps, not empty space
+    from reports.analysis import cell_finals
+
+    cells = cell_finals(runs)
     for col, k in enumerate(ks, start=1):
-        for method, g in scored[scored["staleness"] == k].groupby("method", sort=True):
-            finals = g["final_accuracy"].to_numpy(float)
-            share = (finals[None, :] > taus[:, None]).mean(axis=1)
-            name = html.escape(method)
-            fig.add_trace(
-                go.Scatter(
-                    x=taus.tolist(),
-                    y=share.tolist(),
-                    mode="lines",
-                    line={"shape": "hv", "color": colors[(method,)], "width": 3 if method.startswith("copc") else 1.5},
-                    name=name,
-                    legendgroup=name,
-                    showlegend=col == 1,
-                    hovertemplate=f"{name}<br>%{{y:.2f}} of {len(finals)} runs above %{{x:.2f}}<extra></extra>",
-                ),
-                row=1,
-                col=col,
-            )
+        for (method, _), by_cell in sorted((key, v) for key, v in cells.items() if key[1] == k):
+            for cell, finals in by_cell.items():
+                share = (finals[None, :] > taus[:, None]).mean(axis=1)
+                name = html.escape(cell)
+                fig.add_trace(
+                    go.Scatter(
+                        x=taus.tolist(),
+                        y=share.tolist(),
+                        mode="lines",
+                        line={"shape": "hv", "color": colors[(method,)], "width": 3 if len(by_cell) == 1 else 1},
+                        name=name,
+                        legendgroup=name,
+                        showlegend=col == 1,
+                        hovertemplate=f"{name}<br>%{{y:.2f}} of {len(finals)} runs above %{{x:.2f}}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
         fig.update_xaxes(title_text="final held-out accuracy τ", range=span, row=1, col=col)
     fig.update_yaxes(title_text="share of runs above τ", range=[-0.02, 1.05], row=1, col=1)
     fig.update_layout(title="Performance profiles: the share of runs above each accuracy", height=440, margin={"t": 80})

@@ -477,7 +477,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
         table(
             analysis.aggregates(data.runs),
             [
-                ("method", "method", lambda r: html.escape(r["method"])),
+                ("cell", "method (cell)", lambda r: html.escape(r["cell"])),
                 ("staleness", "k", None),
                 ("n", "runs", None),
                 ("iqm", "IQM of final accuracy [95 % CI]", interval("iqm")),
@@ -490,7 +490,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
             table(
                 improve,
                 [
-                    ("reading", "two-channel method", lambda r: html.escape(r["reading"])),
+                    ("cell", "two-channel method (cell)", lambda r: html.escape(r["cell"])),
                     ("baseline", "baseline", lambda r: html.escape(r["baseline"])),
                     ("staleness", "k", None),
                     ("p", "P(final above the baseline's) [95 % CI]", interval("p")),

@@ -1,12 +1,15 @@
 """A sweep's plan: the analyses and criteria written before its data, kept with the study as versions.
 
 A plan is text (Markdown). `copc sweep --plan FILE` (or the Prefect form's `plan` field) records it on the Optuna
-study before the sweep's first trial: its text, SHA-256 and the time, as version 1; the same text again changes
-nothing; another text becomes the next version, and every version stays. Each trial records the version current
-when it was asked, and the MLflow parent run holds every version as an artifact (`plan/v<N>.md`), so the report reads
-them from MLflow alone. A plan names an analysis of the report by its id in backticks (`coupling`, see
-`reports.plan.ANALYSES`): the report marks that section *planned* and the others *exploratory*, and corrects the
-planned tests for multiplicity (Holm).
+study before the sweep's first trial: its text, SHA-256, the time and how many trials had finished (0 for a plan
+written before the data), as version 1; the same text again changes nothing; another text becomes the next version,
+and every version stays. Each trial records the version current when its sweep process started, and the MLflow parent
+run holds every version as an artifact (`plan/v<N>.md`), so the report reads them from MLflow alone. A plan names an
+analysis of the report by its id in backticks (`coupling`, see `reports.plan.ANALYSES`): the report marks that
+section *planned* when a version recorded before any trial finished names it, *named after N runs* when only a later
+version does, and *exploratory* otherwise; the coupling tables' additive-null tests are corrected together (Holm).
+Two sweep processes that record different texts at the same moment may both write the same next version (the last
+write wins on the study; MLflow refuses the second text under that version): record a plan with one process.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import asdict, dataclass
+
+import optuna
 
 PLANS = "plans"  # study user attribute: the list of versions, oldest first
 PLAN_VERSION = "plan_version"  # trial user attribute: the version current when the trial was asked
@@ -26,6 +31,7 @@ class Plan:
     sha256: str
     at: str  # when this version was first recorded (UTC, ISO 8601)
     text: str
+    runs_before: int = 0  # trials of the study that had finished when it was recorded (0: before the data)
 
 
 def plan_hash(text: str) -> str:
@@ -53,6 +59,7 @@ def record_plan(study, text: str) -> Plan:
     if plans and plans[-1].sha256 == digest:
         return plans[-1]
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    plan = Plan(len(plans) + 1, digest, now, text)
+    finished = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    plan = Plan(len(plans) + 1, digest, now, text, finished)
     study.set_user_attr(PLANS, [asdict(p) for p in [*plans, plan]])
     return plan

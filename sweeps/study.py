@@ -47,16 +47,18 @@ GRACE_S = 30  # a heartbeat older than this: the trial's sweep process is gone (
 def heartbeat_settings() -> tuple[int, int]:
     """(heartbeat, grace) in whole seconds: `COPC_HEARTBEAT_S` and `COPC_HEARTBEAT_GRACE_S` over the defaults above
     (a store on a slow shared disk may want a longer grace; a test, a shorter one). The grace must exceed the
-    heartbeat, or live trials would be judged dead. Raises ValueError naming the variable."""
+    heartbeat twice over, or a live trial whose process stalls a moment would be judged dead. Every sweep process on
+    a study should use the same values (each judges the others' trials by its own grace). Raises ValueError naming
+    the variable."""
     values = []
     for name, default in (("COPC_HEARTBEAT_S", HEARTBEAT_S), ("COPC_HEARTBEAT_GRACE_S", GRACE_S)):
         text = os.environ.get(name, "").strip() or str(default)
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
             raise ValueError(f"{name} must be a whole number of seconds ≥ 1, got {text!r}")
         values.append(int(text))
     beat, grace = values
-    if grace <= beat:
-        raise ValueError(f"COPC_HEARTBEAT_GRACE_S ({grace}) must exceed COPC_HEARTBEAT_S ({beat})")
+    if grace < 2 * beat:
+        raise ValueError(f"COPC_HEARTBEAT_GRACE_S ({grace}) must be at least twice COPC_HEARTBEAT_S ({beat})")
     return beat, grace
 
 
@@ -119,9 +121,11 @@ def same_seed_scope(sweep: SweepStudy, space: SweepSpace) -> None:
         sweep.study.set_user_attr(SEED_SCOPE, recorded)
     if recorded != space.warm_start_per_seed:
         said = {True: "each seed its own warm start", False: "one warm start for every seed"}
+        flag = "--warm-start-per-seed" if recorded else "--one-warm-start"
         raise StudyFormatError(
             f"study {sweep.study.study_name!r} ran {said[recorded]}; this sweep asks for {said[not recorded]}: its "
-            "finished points would count as done under the other. Run it under a new name."
+            f"finished points would count as done under the other. Resume it with {flag} (the form's "
+            "warm_start_per_seed), or run the other choice under a new name."
         )
 
 
@@ -212,18 +216,16 @@ def migrate_study(name: str, storage: str) -> int:
 def _in_this_format(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
     """Older-format trials (bands as parameters up to ∞) as this version writes them."""
     points = [
-        {
-            "method": t.user_attrs.get(METHOD, "?"),
-            **{b: t.params.get(b) for b in BANDS},
-            **{k: t.params[k] for k in INTEGERS},
-        }
+        SweepPoint(
+            t.user_attrs.get(METHOD, "?"), *(t.params.get(b) for b in BANDS), t.params["staleness"], t.params["seed"]
+        )
         for t in trials
     ]
     distributions = study_distributions(points)
     out = []
     for t, p in zip(trials, points):
         params = study_params(p)
-        attrs = dict(t.user_attrs) | {b: str(None if p[b] is None else float(p[b])) for b in BANDS}
+        attrs = dict(t.user_attrs) | {b: str(getattr(p, b)) for b in BANDS}
         system = dict(t.system_attrs) | ({"fixed_params": params} if "fixed_params" in t.system_attrs else {})
         out.append(
             optuna.trial.FrozenTrial(

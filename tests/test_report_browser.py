@@ -303,8 +303,8 @@ def _planned_sweep(tmp_path, monkeypatch, v1: str, v2: str) -> tuple[str, str, l
 def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_report(browser, tmp_path, monkeypatch):
     """`--plan` before the data: v1 is on the study and the MLflow parent before the first trial, each trial carries
     the version it ran under; a changed plan is v2 beside v1; the same plan again adds nothing. The report (read from
-    MLflow alone) lists both versions with their runs, shows the latest text, and marks the sections the plan names
-    planned and the others exploratory — read here in Chromium."""
+    MLflow alone) lists both versions with the runs before and under each, shows the latest text, and marks the
+    sections v1 names planned, the one only v2 names "named after 8 runs", the others exploratory — read in Chromium."""
     import hashlib
 
     import optuna
@@ -336,13 +336,14 @@ def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_repo
 
     browser.get(build_report(tracking, ["planned"], tmp_path / "reports" / "planned.html").as_uri())
     rows = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "#plans tr")[1:]]
-    assert [r[:2] + r[-1:] for r in rows] == [["planned", "v1", "8"], ["planned", "v2", "8"]]
+    assert [r[:2] + r[-2:] for r in rows] == [["planned", "v1", "0", "8"], ["planned", "v2", "8", "8"]]
     assert browser.find_element(By.CSS_SELECTOR, "pre.plan").text == v2.strip()
     marks = {
         h.get_attribute("data-analysis"): h.find_element(By.CSS_SELECTOR, "span").text
         for h in browser.find_elements(By.CSS_SELECTOR, "h2[data-analysis]")
     }
-    assert marks["coupling"] == marks["late"] == marks["methods"] == "planned"
+    assert marks["coupling"] == marks["late"] == "planned"  # named in v1, before any run finished
+    assert marks["methods"] == "named after 8 runs"  # named first in v2, after seed 0's runs: not planned
     assert marks["heatmaps"] == marks["best"] == "exploratory"
     shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "report-plan.png"
     shot.parent.mkdir(parents=True, exist_ok=True)

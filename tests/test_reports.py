@@ -243,8 +243,10 @@ def test_a_two_sample_welch_contrast_is_scipys_and_a_four_cell_one_adds_the_vari
 
 
 def test_the_reports_intervals_cover_at_five_seeds():
-    """The coverage bench/coverage.py prints, for the kinds the report shows, on its no-collapse scenarios (seeded,
-    1,000 cells each: a Monte Carlo s.e. of ~0.007 about a true ~0.95): each ≥ 0.93."""
+    """The coverage bench/coverage.py prints, on its no-collapse scenarios (seeded, 1,000 cells each: a Monte Carlo
+    s.e. of ~0.007 about a true ~0.95), of the report's t interval of a mean and of a paired difference and its Welch
+    contrast, each ≥ 0.93; and of a cell where runs collapse read in two parts (its collapse rate's exact interval,
+    shown by the report, and the t interval of the others' mean, a reading by hand)."""
     from bench import coverage as cov
 
     rng = np.random.default_rng(0)
@@ -668,14 +670,19 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     x = np.array([0.6, 0.1, 0.9, 0.65, 0.7])
     assert analysis.iqm(x) == pytest.approx(0.65)
     assert analysis.improvement_probability(np.array([0.6, 0.7]), np.array([0.6, 0.5])) == pytest.approx(3.5 / 4)
-    records = [trial(f"a{s}", INF, INF, 4, s, v, method="tis") for s, v in enumerate(x)]
+    records = [trial(f"a{s}", None, None, 4, s, v, method="tis") for s, v in enumerate(x)]  # no band
     records += [trial(f"c{s}", 2.0, 1.0, 4, s, v, method="copc") for s, v in enumerate([0.7, 0.8, 0.75, 0.7, 0.9])]
     runs = frame(records)
-    agg = analysis.aggregates(runs).set_index("method")
+    agg = analysis.aggregates(runs).set_index("cell")
     assert agg.loc["tis", "iqm"] == pytest.approx(0.65) and agg.loc["tis", "low"] <= 0.65 <= agg.loc["tis", "high"]
     improve = analysis.improvement_table(runs, ["copc"], ["tis"]).iloc[0]
+    assert (improve.cell, improve.baseline) == ("copc τ_p 2 τ_a 1", "tis")
     pairs = [(a, b) for a in [0.7, 0.8, 0.75, 0.7, 0.9] for b in x]
     assert improve.p == pytest.approx(sum((a > b) + 0.5 * (a == b) for a, b in pairs) / 25)
+    # a method swept over a grid: each cell its own row (its runs at one setting are what rliable aggregates over)
+    grid = frame(records + [trial(f"g{s}", 4.0, 1.0, 4, s, 0.2, method="copc") for s in range(5)])
+    assert sorted(analysis.aggregates(grid)["cell"]) == ["copc τ_p 2 τ_a 1", "copc τ_p 4 τ_a 1", "tis"]
+    assert len(analysis.improvement_table(grid, ["copc"], ["tis"])) == 2
     fig = figures.performance_profiles(runs)
     tis = next(tr for tr in fig.data if tr.name == "tis")
     assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)

@@ -183,6 +183,8 @@ def test_a_live_trial_of_another_sweep_is_left_alone_until_its_heartbeat_stops(t
 
     import sweeps.study as study_mod
 
+    monkeypatch.delenv("COPC_HEARTBEAT_S", raising=False)  # the shell's would override the defaults set here
+    monkeypatch.delenv("COPC_HEARTBEAT_GRACE_S", raising=False)
     monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
     monkeypatch.setattr(study_mod, "GRACE_S", 3)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -545,6 +547,8 @@ def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retra
     from infra import sweep_runs
     from sweeps.study import run_study
 
+    monkeypatch.delenv("COPC_HEARTBEAT_S", raising=False)
+    monkeypatch.delenv("COPC_HEARTBEAT_GRACE_S", raising=False)
     monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
     monkeypatch.setattr(study_mod, "GRACE_S", 2)
     base, space, tracking, storage, tracker, parent = _one_point_sweep(tmp_path, tiny_warm_state)
@@ -714,7 +718,7 @@ def test_a_band_of_infinity_reaches_the_dashboard_as_finite_json_and_the_point_r
     )
     assert pending_points(open_study("inf", storage), space) == []  # every point found again: exact round trip
     trials = sweep.study.get_trials(deepcopy=False)
-    assert sorted(map(json.dumps, (trial_point(t) for t in trials))) == sorted(map(json.dumps, space.grid()))
+    assert sorted(map(repr, (trial_point(t) for t in trials))) == sorted(map(repr, space.grid()))
     text = _dashboard_json(storage, "inf")
     copc = [t for t in trials if t.user_attrs["method"] == "copc"]
     # 1/τ: ∞ is 0, 4 is 0.25, 1.5 is 2/3; the distribution spans the sweep's values, not [1, ∞]
@@ -877,7 +881,8 @@ def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grow
     [
         ({"COPC_HEARTBEAT_S": "0"}, "COPC_HEARTBEAT_S must be a whole number of seconds ≥ 1, got '0'"),
         ({"COPC_HEARTBEAT_GRACE_S": "2.5"}, "COPC_HEARTBEAT_GRACE_S must be a whole number of seconds ≥ 1"),
-        ({"COPC_HEARTBEAT_S": "5", "COPC_HEARTBEAT_GRACE_S": "5"}, "(5) must exceed COPC_HEARTBEAT_S (5)"),
+        ({"COPC_HEARTBEAT_S": "5", "COPC_HEARTBEAT_GRACE_S": "9"}, "(9) must be at least twice COPC_HEARTBEAT_S (5)"),
+        ({"COPC_HEARTBEAT_S": "²"}, "COPC_HEARTBEAT_S must be a whole number of seconds ≥ 1, got '²'"),
     ],
 )
 def test_heartbeat_settings_come_from_the_environment_checked_before_anything_runs(tmp_path, monkeypatch, env, needle):
@@ -912,7 +917,7 @@ def test_a_seed_may_pick_its_warm_start_and_a_study_keeps_the_choice_it_started_
     storage = f"sqlite:///{tmp_path / 'scope.db'}"
     same_seed_scope(open_study("per-seed", storage), per_seed)
     same_seed_scope(open_study("per-seed", storage), per_seed)  # the same choice again: fine
-    with pytest.raises(StudyFormatError, match="ran each seed its own warm start; this sweep asks for one warm start"):
+    with pytest.raises(StudyFormatError, match="ran each seed its own warm start; .* Resume it with --warm-start-per"):
         same_seed_scope(open_study("per-seed", storage), one)
     params = SweepParams.model_validate({"warm_start_per_seed": True, "seeds": [0, 1]}, context=LOCAL_CALLER)
     assert params.resolved()[1].warm_start_per_seed and not SweepParams().resolved()[1].warm_start_per_seed
