@@ -162,6 +162,25 @@ def test_an_additive_null_with_no_draw_that_has_a_share_gives_no_test():
     assert analysis.additive_null(frame(records)).empty
 
 
+def test_an_additive_null_counts_only_the_draws_that_have_a_share():
+    """A pure interaction (means 0.6/0.4 on the diagonals, share 1, a flat additive fit) with seed noise in one cell
+    only: (0, 0) holds 0.5 and 0.7, the others two equal values. The pooled residuals are ±0.1·√2 and six zeros, so a
+    cell's null mean is ±r w.p. 1/64 each, ±r/2 w.p. 12/64 each, 0 w.p. 38/64 (q). A null table has share 1 exactly
+    when its diagonals are equal and differ (P1 = (Σq²)² − Σq⁴), and no share when all four are equal (P0 = Σq⁴).
+    So p → P1 / (1 − P0) = 0.0601; counting the shareless draws as well gave P1 = 0.0525."""
+    values = {(1.5, 1.0): (0.5, 0.7), (4.0, 2.0): (0.6, 0.6), (1.5, 2.0): (0.4, 0.4), (4.0, 1.0): (0.4, 0.4)}
+    records = [
+        trial(f"r{tp}-{ta}-{seed}", tp, ta, 4, seed, values[tp, ta][seed]) for tp, ta in values for seed in (0, 1)
+    ]
+    q = np.array([1, 1, 12, 12, 38]) / 64
+    p0 = np.sum(q**4)
+    expected = (np.sum(q**2) ** 2 - p0) / (1 - p0)
+    out = analysis.additive_null(frame(records), n_null=50_000).iloc[0]
+    assert out.fraction == pytest.approx(1.0)
+    se = math.sqrt(expected * (1 - expected) / (50_000 * (1 - p0)))
+    assert abs(out.p_value - expected) < 4 * se  # 4 s.e. ≈ 0.0045; the old count sits 0.0076 below
+
+
 def test_adding_a_cell_moves_no_other_cells_interval():
     """Each cell's bootstrap draws from a stream of its own: the interaction share of one method's grid is the same
     with or without another method's runs in the frame (a shared stream shifted every later interval)."""

@@ -919,5 +919,10 @@ def test_a_seed_may_pick_its_warm_start_and_a_study_keeps_the_choice_it_started_
     same_seed_scope(open_study("per-seed", storage), per_seed)  # the same choice again: fine
     with pytest.raises(StudyFormatError, match="ran each seed its own warm start; .* Resume it with --warm-start-per"):
         same_seed_scope(open_study("per-seed", storage), one)
+    older = open_study("older", storage)  # trials from before the choice was recorded: one warm start for all
+    older.study.add_trial(optuna.trial.create_trial(value=0.5))
+    with pytest.raises(StudyFormatError, match="ran one warm start for every seed; .* Resume it with --one-warm-start"):
+        same_seed_scope(older, per_seed)
+    assert older.study.user_attrs["warm_start_per_seed"] is False
     params = SweepParams.model_validate({"warm_start_per_seed": True, "seeds": [0, 1]}, context=LOCAL_CALLER)
     assert params.resolved()[1].warm_start_per_seed and not SweepParams().resolved()[1].warm_start_per_seed
