@@ -3,6 +3,7 @@
 import math
 
 import pandas as pd
+import pytest
 
 from bench.regime_tables import cut_grids, has_grid, lag_table
 
@@ -93,3 +94,16 @@ def test_long_table_reads_survival_losses_and_paired_late_differences():
     behavior_late = next(line for line in lates.splitlines() if line.startswith("| copc[behavior] |"))
     assert behavior_final.endswith("| -0.10 [-0.10, -0.10] (3) |")  # the last column is tis
     assert behavior_late.endswith("| -0.10 [-0.10, -0.10] (3) |")
+
+
+def test_the_seed_spread_ratio_reads_an_f_interval():
+    """Five seeds each: the variance ratio's interval is ratio / F₀.₉₇₅(4, 4) to ratio · F₀.₉₇₅(4, 4) (F(4, 4) is
+    its own reciprocal's mirror), F₀.₉₇₅(4, 4) = 9.6045 (tables); as sds, a factor √9.6045 = 3.10 each way."""
+    import numpy as np
+
+    from bench.seed_spread import sd_ratio
+
+    one = np.array([0.60, 0.62, 0.64, 0.66, 0.68])
+    ratio, low, high = sd_ratio(2 * one, one)  # twice the spread
+    assert ratio == pytest.approx(2.0)
+    assert (low, high) == pytest.approx((2 / 9.6045**0.5, 2 * 9.6045**0.5), rel=1e-4)
