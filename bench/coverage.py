@@ -176,6 +176,16 @@ def aggregate_coverage(s: Scenario, seeds: int, replications: int, rng: np.rando
     return {"iqm": hits_iqm / replications, "p": hits_p / replications, "truth_iqm": truth_iqm, "truth_p": truth_p}
 
 
+def _table(title: str, header: list[str], rows) -> None:
+    """A Markdown table, each row printed as soon as it is computed."""
+    if title:
+        print(f"\n{title}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -187,32 +197,46 @@ def main(argv: list[str] | None = None) -> None:
         f"coverage of nominal {LEVEL:.0%} intervals of a seed mean, {args.seeds} seeds a cell, "
         f"{args.replications} cells a scenario ({N_BOOT} bootstrap resamples)"
     )
-    print("| scenario | truth | " + " | ".join(f"{k}: coverage (± s.e.), mean width" for k in KINDS) + " |")
-    print("|---|---|" + "---|" * len(KINDS))
     start = time.perf_counter()
-    for s in SCENARIOS:
-        r = coverage(s, args.seeds, args.replications, rng)
-        cells = [f"{r[k][0]:.3f} (± {r[k][1]:.3f}), {r[k][2]:.3f}" for k in KINDS]
-        print(f"| {s.name} | {r['truth']:+.4f} | " + " | ".join(cells) + " |", flush=True)
-    print("\nwhere runs collapse, a cell in two parts: its collapse rate (Clopper–Pearson), the others' mean (t)")
-    print("| scenario | collapse rate: coverage | mean of runs not collapsed: truth, coverage |")
-    print("|---|---|---|")
-    for s in SCENARIOS:
-        if s.collapse:
-            r = split_coverage(s, args.seeds, args.replications, rng)
-            print(f"| {s.name} | {r['rate']:.3f} | {r['truth_mean']:+.4f}, {r['mean']:.3f} |", flush=True)
-    print("\nthe interaction contrast of four independent cells (truth 0)")
-    print("| scenario | percentile: coverage | Welch t (the report's): coverage |")
-    print("|---|---|---|")
-    for s in SCENARIOS[:2]:
-        r = contrast_coverage(s, args.seeds, args.replications, rng)
-        print(f"| {s.name} | {r['percentile']:.3f} | {r['Welch t (the report' + chr(39) + 's)']:.3f} |", flush=True)
-    print("\nrliable's aggregates as the report gives them (percentile bootstrap over runs)")
-    print("| scenario | IQM: truth, coverage | P(improvement) over a method 0.03 lower: truth, coverage |")
-    print("|---|---|---|")
-    for s in SCENARIOS[:2]:
-        r = aggregate_coverage(s, args.seeds, args.replications, rng)
-        print(f"| {s.name} | {r['truth_iqm']:.4f}, {r['iqm']:.3f} | {r['truth_p']:.3f}, {r['p']:.3f} |", flush=True)
+    n, reps = args.seeds, args.replications
+    report = "t (the report's)", "Welch t (the report's)"
+    _table(
+        "",
+        ["scenario", "truth", *(f"{k}: coverage (± s.e.), mean width" for k in KINDS)],
+        (
+            [s.name, f"{r['truth']:+.4f}", *(f"{r[k][0]:.3f} (± {r[k][1]:.3f}), {r[k][2]:.3f}" for k in KINDS)]
+            for s in SCENARIOS
+            for r in [coverage(s, n, reps, rng)]
+        ),
+    )
+    _table(
+        "where runs collapse, a cell in two parts: its collapse rate (Clopper–Pearson), the others' mean (t)",
+        ["scenario", "collapse rate: coverage", "mean of runs not collapsed: truth, coverage"],
+        (
+            [s.name, f"{r['rate']:.3f}", f"{r['truth_mean']:+.4f}, {r['mean']:.3f}"]
+            for s in SCENARIOS
+            if s.collapse
+            for r in [split_coverage(s, n, reps, rng)]
+        ),
+    )
+    _table(
+        "the interaction contrast of four independent cells (truth 0)",
+        ["scenario", "percentile: coverage", f"{report[1]}: coverage"],
+        (
+            [s.name, f"{r['percentile']:.3f}", f"{r[report[1]]:.3f}"]
+            for s in SCENARIOS[:2]
+            for r in [contrast_coverage(s, n, reps, rng)]
+        ),
+    )
+    _table(
+        "rliable's aggregates as the report gives them (percentile bootstrap over runs)",
+        ["scenario", "IQM: truth, coverage", "P(improvement) over a method 0.03 lower: truth, coverage"],
+        (
+            [s.name, f"{r['truth_iqm']:.4f}, {r['iqm']:.3f}", f"{r['truth_p']:.3f}, {r['p']:.3f}"]
+            for s in SCENARIOS[:2]
+            for r in [aggregate_coverage(s, n, reps, rng)]
+        ),
+    )
     print(f"({time.perf_counter() - start:.0f} s)")
 
 
