@@ -15,6 +15,7 @@ import argparse
 import math
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from infra.settings import data_dir
@@ -37,8 +38,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one", default="spread-one")
     parser.add_argument("--per-seed", default="spread-per-seed")
     args = parser.parse_args(argv)
-    found = read_sweeps(tracking_uri(data_dir(), None), [args.one, args.per_seed], HISTORY_KEYS)
-    runs = runs_frame(found["trials"], found["experiment_id"], "")
+    uri = tracking_uri(data_dir(), None)
+    frames = []
+    for sweep in (
+        args.one,
+        args.per_seed,
+    ):  # one frame per sweep: seed 0's run is the same config in both, kept in each
+        found = read_sweeps(uri, [sweep], HISTORY_KEYS)
+        frames.append(runs_frame(found["trials"], found["experiment_id"], ""))
+    runs = pd.concat(frames, ignore_index=True)
     runs = runs[runs["scored"]]
     methods = sorted(runs["method"].unique())
     print(
