@@ -158,9 +158,9 @@ def _summary(
 
 
 HOW_TO_READ = {  # one sentence under each figure
-    "profiles": "Each line is one cell (a method at one setting of its bands) at one lag k: the share of its runs whose "
-    "final held-out accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs end "
-    "higher at every level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
+    "profiles": "Each line is one cell (a method at one setting of its bands) at one lag k: the share of its runs "
+    "whose final held-out accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs "
+    "end higher at every level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective on one fixed "
     "scale for every report (−1 red to 1 green; a collapse costs the penalty), its text the mean ± sd over n seeds "
     "and the runs that collapsed; the outlined square is the best cell at that k.",
