@@ -481,20 +481,20 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
 
 def performance_profiles(runs: pd.DataFrame) -> go.Figure:
     """Performance profiles (rliable's): the share of a cell's runs (a method at one setting) whose final held-out
-    accuracy is above τ, against τ, one panel per lag k, one line per cell (a method's grid in thin lines of its
-    colour)."""
+    accuracy is above τ, against τ, one panel per lag k, one line per cell in a colour of its own (a method's grid
+    in thinner lines)."""
     scored = runs[runs["scored"]]
     ks = sorted(scored["staleness"].unique())
     fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
-    colors = _colors([(m,) for m in scored["method"]])
     taus = np.linspace(0.0, 1.0, 201)
     low, high = scored["final_accuracy"].min(), scored["final_accuracy"].max()
     span = [max(0.0, low - 0.05), min(1.0, high + 0.05)]  # where the runs end: the profiles' steps, not empty space
     from reports.analysis import cell_finals
 
     cells = cell_finals(runs)
+    colors = _colors([(cell,) for by_cell in cells.values() for cell in by_cell])  # a colour per cell, every panel
     for col, k in enumerate(ks, start=1):
-        for (method, _), by_cell in sorted((key, v) for key, v in cells.items() if key[1] == k):
+        for _, by_cell in sorted((key, v) for key, v in cells.items() if key[1] == k):
             for cell, finals in by_cell.items():
                 share = (finals[None, :] > taus[:, None]).mean(axis=1)
                 name = html.escape(cell)
@@ -503,7 +503,7 @@ def performance_profiles(runs: pd.DataFrame) -> go.Figure:
                         x=taus.tolist(),
                         y=share.tolist(),
                         mode="lines",
-                        line={"shape": "hv", "color": colors[(method,)], "width": 3 if len(by_cell) == 1 else 1},
+                        line={"shape": "hv", "color": colors[(cell,)], "width": 2.5 if len(by_cell) == 1 else 1.5},
                         name=name,
                         legendgroup=name,
                         showlegend=col == 1,
