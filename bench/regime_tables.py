@@ -100,7 +100,7 @@ def warnings_table(runs: pd.DataFrame) -> str:
     )
 
 
-def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
+def channels_table(runs: pd.DataFrame) -> str:
     """Each COPC reading's tuned score (bands chosen on the other seeds) with both channels, with the policy
     channel only (its τ_a = 1 cells: c ≡ 1 is plain GAE) and, for the default reading, `copc_advantage_only`
     (the advantage channel only, w = 1, no mask); paired by seed against both channels."""
@@ -131,7 +131,7 @@ def channels_table(runs: pd.DataFrame, n_boot: int = 2000) -> str:
     return "\n".join(lines)
 
 
-def confirmation_table(runs: pd.DataFrame, reference: str, n_boot: int = 2000) -> str:
+def confirmation_table(runs: pd.DataFrame, reference: str) -> str:
     """Fresh seeds: every method's final accuracy and AUC, and `reference` minus each, paired by seed."""
     scored = runs[runs["scored"]]
     lines = [

@@ -115,14 +115,15 @@ def _announce(sweep, tracker, name: str, space: SweepSpace, hooks: SweepHooks) -
 def _record_plan(sweep, tracker, parent: str, text: str | None, hooks: SweepHooks) -> int | None:
     """The plan's version this run of the sweep works under: `text` recorded (a new version if it changed), else the
     study's latest, else None; every version the study holds is on the MLflow parent too."""
+    from dataclasses import asdict
+
     from sweeps.plan import record_plan, study_plans
 
     if text is not None:
         plan = record_plan(sweep.study, text)
         hooks.say.info(f"plan v{plan.version} (sha256 {plan.sha256[:12]}) recorded before any trial of this run")
     plans = study_plans(sweep.study)
-    for p in plans:
-        tracker.record_plan(parent, p.version, p.sha256, p.at, p.text, p.runs_before)
+    tracker.record_plans(parent, [asdict(p) for p in plans])
     return plans[-1].version if plans else None
 
 
@@ -159,11 +160,15 @@ class _Sweep:
         """The hash of the method a point runs, as this version's registry resolves it."""
         return self.space.run_config(self.base, point).method.spec_hash()
 
+    @property
+    def plan_tags(self) -> dict[str, str]:
+        """The plan version this run of the sweep works under, as its trials record it in Optuna and MLflow."""
+        return {} if self.plan_version is None else {PLAN_VERSION: str(self.plan_version)}
+
     def attrs(self, point: SweepPoint) -> dict[str, str]:
         """What a point's trial records beside its point: the method it ran (sweeps.study.changed_definitions) and
         the plan it ran under."""
-        plan = {} if self.plan_version is None else {PLAN_VERSION: str(self.plan_version)}
-        return {METHOD_SPEC: self.spec(point)} | plan
+        return {METHOD_SPEC: self.spec(point)} | self.plan_tags
 
 
 def _run_pending(s: _Sweep) -> list[TrialOutcome]:
@@ -227,15 +232,13 @@ def _train_points(s: _Sweep, batch: list[SweepPoint], tell) -> None:
 
     configs = [s.space.run_config(s.base, p) for p in batch]
     names = [p.label(s.space.schedule) for p in batch]
-    machine, every_s = machine_tags(), stream_every_s()
-    if s.plan_version is not None:
-        machine = machine | {PLAN_VERSION: str(s.plan_version)}
+    tags, every_s = machine_tags() | s.plan_tags, stream_every_s()
     run_ids: dict[int, str] = {}
     bar = Bar("trials", "run")
     done_count = [0]
 
     def start(i: int) -> dict:
-        run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i].method, machine)
+        run_ids[i] = s.tracker.start_trial(s.parent, s.name, names[i], configs[i], batch[i].method, tags)
         if s.hooks.trial_started is not None:
             s.hooks.trial_started(names[i])
         return {"uri": s.tracker.uri, "run_id": run_ids[i], "every_s": every_s}

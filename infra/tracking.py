@@ -332,26 +332,31 @@ class Tracker:
         self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW + key, json.dumps(state))
         return key
 
-    def record_plan(self, parent_id: str, version: int, sha256: str, at: str, text: str, runs_before: int = 0) -> None:
-        """A version of the sweep's plan on its parent run (sweeps/plan.py): the text as `plan/v<N>.md`, its time and
-        the trials finished before it as tags `plan.v<N>.at` / `plan.v<N>.runs_before`, its hash `plan.v<N>.sha256`
-        written last (a version is whole when its hash is there), and `plan_version` naming the current one. A
-        version already there is left as it is; one there with another hash (the parent of an older study under the
-        same name) raises ValueError rather than show a text that is not the study's."""
+    def record_plans(self, parent_id: str, plans: list[dict[str, Any]]) -> None:
+        """The versions of the sweep's plan (sweeps/plan.py; {version, sha256, at, text, runs_before}, oldest first)
+        on its parent run: each text as `plan/v<N>.md`, its time and the trials finished before it as tags
+        `plan.v<N>.at` / `plan.v<N>.runs_before`, its hash `plan.v<N>.sha256` written last (a version is whole when
+        its hash is there), and `plan_version` naming the latest. A version already there is left as it is; one
+        there with another hash (the parent of an older study under the same name) raises ValueError rather than show
+        a text that is not the study's."""
+        if not plans:
+            return
         tags = self.client.get_run(parent_id).data.tags
-        recorded = tags.get(f"plan.v{version}.sha256")
-        if recorded is not None and recorded != sha256:
-            raise ValueError(
-                f"plan v{version} of this sweep's MLflow parent run {parent_id} has sha256 {recorded[:12]}, the "
-                f"study's has {sha256[:12]}: the run belongs to another study of the same name; run this sweep "
-                "under a new name"
-            )
-        if recorded is None:
-            self.client.log_text(parent_id, text, f"plan/v{version}.md")
-            self.client.set_tag(parent_id, f"plan.v{version}.at", at)
-            self.client.set_tag(parent_id, f"plan.v{version}.runs_before", str(runs_before))
-            self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
-        self.client.set_tag(parent_id, "plan_version", str(version))
+        for plan in plans:
+            version, sha256 = plan["version"], plan["sha256"]
+            recorded = tags.get(f"plan.v{version}.sha256")
+            if recorded is not None and recorded != sha256:
+                raise ValueError(
+                    f"plan v{version} of this sweep's MLflow parent run {parent_id} has sha256 {recorded[:12]}, the "
+                    f"study's has {sha256[:12]}: the run belongs to another study of the same name; run this sweep "
+                    "under a new name"
+                )
+            if recorded is None:
+                self.client.log_text(parent_id, plan["text"], f"plan/v{version}.md")
+                self.client.set_tag(parent_id, f"plan.v{version}.at", plan["at"])
+                self.client.set_tag(parent_id, f"plan.v{version}.runs_before", str(plan["runs_before"]))
+                self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
+        self.client.set_tag(parent_id, "plan_version", str(plans[-1]["version"]))
 
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""
@@ -515,7 +520,7 @@ def machine_tags() -> dict[str, str]:
 
 
 def _plans(client: MlflowClient, parent) -> list[dict[str, Any]]:
-    """The plan versions `Tracker.record_plan` left on a parent run, oldest first: {version, sha256, at, text}."""
+    """The plan versions `Tracker.record_plans` left on a parent run, oldest first: {version, sha256, at, runs_before, text}."""
     import tempfile
 
     tags, out = parent.data.tags, []

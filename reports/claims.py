@@ -74,7 +74,7 @@ def claim_tables(runs: pd.DataFrame, n_boot: int = N_BOOT) -> str:
     if nulls:
         out += _multiple_testing(pd.concat(nulls, ignore_index=True))
     out += _best_sections(runs, cells, lags, two, single, baselines)
-    out += _selection_free_section(runs, lags, two, single, baselines, n_boot)
+    out += _selection_free_section(runs, lags, two, single, baselines)
     return "\n".join(out)
 
 
@@ -234,7 +234,7 @@ def _interval_text(mean: float, low: float, high: float, signed: bool = False) -
 
 
 def _selection_free_section(  # noqa: C901 — one table per claim row kind; split next with the claims section
-    runs: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str], n_boot: int
+    runs: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str]
 ) -> list[str]:
     chosen_baseline = "baselines (chosen)"
     families = {m: [m] for m in [*two, *single, *baselines]} | (

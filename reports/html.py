@@ -46,9 +46,8 @@ class ReportData:
     parent_links: list[tuple[str, str, str]] = field(default_factory=list)  # (sweep, MLflow runs URL, charts URL)
     baseline: str = "async_ppo"
     n_boot: int = analysis.N_BOOT
-    plans: list[dict] = field(
-        default_factory=list
-    )  # every sweep's plan versions: {sweep, version, sha256, at, text, runs}
+    # every sweep's plan versions: {sweep, version, sha256, at, runs_before, text, runs}
+    plans: list[dict] = field(default_factory=list)
 
 
 def num(value: Any, digits: int = 3) -> str:

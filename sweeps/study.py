@@ -304,9 +304,9 @@ def pending_points(sweep: SweepStudy, space: SweepSpace) -> list[SweepPoint]:
     """Grid points that nobody has finished and no live sweep process is running.
 
     RUNNING trials of dead sweep processes are marked FAIL here (their points are pending again)."""
-    live = {_trial_key(t) for t in _settle(sweep)}
-    done = {_trial_key(t) for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    return [p for p in space.grid() if p not in done | live]
+    taken = {_trial_key(t) for t in _settle(sweep)}  # live
+    taken |= {_trial_key(t) for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    return [p for p in space.grid() if p not in taken]
 
 
 def running_elsewhere(sweep: SweepStudy, space: SweepSpace) -> list[SweepPoint]:

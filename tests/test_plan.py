@@ -23,13 +23,18 @@ def test_a_plan_is_versioned_on_the_study_with_the_runs_finished_before_it(tmp_p
 def test_mlflow_keeps_every_version_and_refuses_another_text_under_one(tmp_path):
     tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", artifact_dir=tmp_path / "art")
     parent = tracker.parent_run("s", {})
-    tracker.record_plan(parent, 1, plan_hash("a"), "2026-12-06T00:00:00+00:00", "a", 0)
-    tracker.record_plan(parent, 1, plan_hash("a"), "2026-12-06T00:00:00+00:00", "a", 0)  # again: unchanged
-    tracker.record_plan(parent, 2, plan_hash("b"), "2026-12-06T01:00:00+00:00", "b", 4)
+
+    def version(n: int, text: str, runs_before: int) -> dict:
+        return {"version": n, "sha256": plan_hash(text), "at": f"2026-12-06T0{n}:00:00+00:00", "text": text,
+                "runs_before": runs_before}  # fmt: skip
+
+    tracker.record_plans(parent, [version(1, "a", 0)])
+    tracker.record_plans(parent, [version(1, "a", 0), version(2, "b", 4)])  # v1 again: unchanged
     plans = read_sweeps(tracker.uri, ["s"], [])["parents"][0]["plans"]
     assert [(p["version"], p["text"], p["runs_before"]) for p in plans] == [(1, "a", 0), (2, "b", 4)]
+    assert tracker.client.get_run(parent).data.tags["plan_version"] == "2"
     with pytest.raises(ValueError, match="belongs to another study of the same name"):
-        tracker.record_plan(parent, 1, plan_hash("other"), "2026-12-06T02:00:00+00:00", "other", 0)
+        tracker.record_plans(parent, [version(1, "other", 0)])
 
 
 def test_sections_are_marked_by_the_earliest_version_naming_them():
