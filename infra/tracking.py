@@ -520,7 +520,8 @@ def machine_tags() -> dict[str, str]:
 
 
 def _plans(client: MlflowClient, parent) -> list[dict[str, Any]]:
-    """The plan versions `Tracker.record_plans` left on a parent run, oldest first: {version, sha256, at, runs_before, text}."""
+    """The plan versions `Tracker.record_plans` left on a parent run, oldest first: {version, sha256, at,
+    runs_before, text}."""
     import tempfile
 
     tags, out = parent.data.tags, []
