@@ -2,7 +2,12 @@ import os
 
 import pytest
 
-from copc_core.config import MethodConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig
+# One OpenMP thread in each test process and in the processes it starts (set before torch is imported): the README's
+# test command runs six pytest-xdist workers on two cores, where two OpenMP threads a process cost 2 CPU-minutes of
+# the run (docs/BENCHMARKS.md). Training processes set their own count (`train.torch_threads`, 1 by default).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from copc_core.config import MethodConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig  # noqa: E402
 
 
 def tiny_config(method: str = "copc", staleness: int = 0, steps: int = 4, seed: int = 0, **method_kw) -> RunConfig:
@@ -48,8 +53,14 @@ def prefect_api(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped, with
-    the reason, where it does not."""
+    """The slow tests first, so that pytest-xdist's workers (the README's test command) end on short tests, not on
+    one long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU):
+    skipped, with the reason, where it does not."""
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: each file's order kept
+    _skip_vllm_tests_without_vllm(items)
+
+
+def _skip_vllm_tests_without_vllm(items):
     from copc_core.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
