@@ -2,10 +2,12 @@ import os
 
 import pytest
 
-# One OpenMP thread in each test process and in the processes it starts (set before torch is imported): the README's
-# test command runs six pytest-xdist workers on two cores, where two OpenMP threads a process cost 2 CPU-minutes of
-# the run (docs/BENCHMARKS.md). Training processes set their own count (`train.torch_threads`, 1 by default).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# In pytest-xdist's workers (the README's test command: six on two cores), one OpenMP thread in each test process and
+# in the processes it starts, set before torch is imported: two a process cost 2 CPU-minutes of the run
+# (docs/BENCHMARKS.md). Training processes set their own count (`train.torch_threads`, 1 by default). A run without
+# workers (the vLLM lane, whose CPU engine has its own thread binding) keeps the default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from copc_core.config import MethodConfig, RunConfig, ToolMathTaskConfig, TrainConfig, WarmStartConfig  # noqa: E402
 
