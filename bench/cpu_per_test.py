@@ -1,11 +1,11 @@
 """Benchmark plugin: the machine's busy CPU-seconds and the wall seconds of each test, run one after another.
 
-    .venv/bin/python -m pytest -m slow -p bench.cpu_per_test      # then: python -m bench.cpu_per_test
+    .venv/bin/python -m pytest -m slow -p bench.cpu_per_test      # then: .venv/bin/python -m bench.cpu_per_test
 
 Busy CPU is read from /proc/stat (all cores, all processes), so the servers, Ray and the processes a test starts
-count, which pytest's `--durations` and the process tree's rusage miss; run it on an otherwise idle machine with
-`-n 0`: in parallel workers the figures mix. Writes `data/bench/cpu_per_test.json`; `main` prints the totals and the
-costliest tests.
+count, which pytest's `--durations` and the process tree's rusage miss; run it on an otherwise idle machine, without
+`-n`: in parallel workers the figures would mix, so it refuses them. Writes `data/bench/cpu_per_test.json`; `main`
+prints the totals and the costliest tests.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ def busy_cpu_s() -> float:
         fields = [int(x) for x in f.readline().split()[1:9]]
     idle = fields[3] + fields[4]  # idle, iowait
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def pytest_configure(config):
+    if config.getoption("numprocesses", None):
+        raise pytest.UsageError("bench.cpu_per_test reads the whole machine's CPU: run it without -n")
 
 
 @pytest.hookimpl(hookwrapper=True)

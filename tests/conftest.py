@@ -54,11 +54,28 @@ def prefect_api(tmp_path_factory):
         yield api
 
 
+def pytest_configure(config):
+    """Ray's auth token made once, before pytest-xdist's workers start (on a fresh machine there is none): each
+    `ray.init` that finds none writes one (Ray 2.60, unlocked), so workers starting Ray at once could overwrite each
+    other's token or read a half-written one. Ray's own command makes it; `restrict_auth_token` keeps it 0600."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import subprocess
+    import sys
+
+    from infra.ray_runtime import restrict_auth_token
+
+    if restrict_auth_token() is None:
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        subprocess.run([ray_cli, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=300)
+        restrict_auth_token()
+
+
 def pytest_collection_modifyitems(config, items):
     """The slow tests first, so that pytest-xdist's workers (the README's test command) end on short tests, not on
     one long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU):
     skipped, with the reason, where it does not."""
-    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: each file's order kept
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each file's order kept
     _skip_vllm_tests_without_vllm(items)
 
 
