@@ -57,8 +57,9 @@ def prefect_api(tmp_path_factory):
 def pytest_configure(config):
     """Ray's auth token made once, before pytest-xdist's workers start (on a fresh machine there is none): each
     `ray.init` that finds none writes one (Ray 2.60, unlocked), so workers starting Ray at once could overwrite each
-    other's token or read a half-written one. Ray's own command makes it; `restrict_auth_token` keeps it 0600."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    other's token or read a half-written one. Ray's own command makes it; `restrict_auth_token` keeps it 0600. Only
+    where workers run: importing Ray costs ~2 s, which a run of one file without `-n` need not pay."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
         return
     import subprocess
     import sys
