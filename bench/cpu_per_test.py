@@ -4,8 +4,13 @@
 
 Busy CPU is read from /proc/stat (all cores, all processes), so the servers, Ray and the processes a test starts
 count, which pytest's `--durations` and the process tree's rusage miss; run it on an otherwise idle machine, without
-`-n`: in parallel workers the figures would mix, so it refuses them. Writes `data/bench/cpu_per_test.json`; `main`
-prints the totals and the costliest tests.
+`-n`: in parallel workers the figures would mix, so it refuses them. Or, beside other work, in a cgroup of its own
+(cgroup v1 cpuacct; every process pytest starts stays in it, Ray's and the servers' included) — then only that
+cgroup's CPU counts:
+
+    mkdir /sys/fs/cgroup/cpuacct/pytest && echo $$ > /sys/fs/cgroup/cpuacct/pytest/cgroup.procs && .venv/bin/python ...
+
+Writes `data/bench/cpu_per_test.json`; `main` prints the totals and the costliest tests.
 """
 
 from __future__ import annotations
@@ -21,8 +26,24 @@ OUT = pathlib.Path("data/bench/cpu_per_test.json")
 RECORDS: dict[str, tuple[float, float]] = {}
 
 
+def own_cpuacct() -> pathlib.Path | None:
+    """This process's cpuacct cgroup (v1) when it is not the root one, else None."""
+    for line in pathlib.Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(",") and path != "/":
+            usage = pathlib.Path("/sys/fs/cgroup/cpuacct") / path.lstrip("/") / "cpuacct.usage"
+            return usage if usage.exists() else None
+    return None
+
+
+CGROUP = own_cpuacct()
+
+
 def busy_cpu_s() -> float:
-    """Seconds of CPU the whole machine has spent busy since boot (user, nice, system, irq, softirq, steal)."""
+    """Seconds of CPU this process's own cgroup has used (see the module's text), else the whole machine's busy
+    seconds since boot (user, nice, system, irq, softirq, steal)."""
+    if CGROUP is not None:
+        return int(CGROUP.read_text()) / 1e9
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:9]]
     idle = fields[3] + fields[4]  # idle, iowait
