@@ -1,17 +1,15 @@
-"""A real Prefect server and a real MLflow server on loopback; a deployment triggered through
-Prefect's API runs a sweep; the runs are checked in MLflow and the trials in Optuna."""
+"""A real Prefect server and a real MLflow server on loopback: what they bind, refuse and outlive; `copc up`, `copc
+dashboard`, `copc serve` and the temporary servers of commands. (A deployment triggered through Prefect's API, its runs
+checked in MLflow and Optuna and its flow run in the UI: tests/test_prefect_browser.py.)"""
 
 import json
 import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
-import optuna
 import pytest
-from mlflow.tracking import MlflowClient
 
 from infra.local_stack import LocalStack, ServerDownError, wait_healthy
 from tests.conftest import tiny_config
@@ -24,107 +22,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def test_deployment_triggered_through_prefect_runs_the_sweep(tmp_path):
-    with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
-        env = stack_env(stack, tmp_path, MLFLOW_TRACKING_URI=stack.mlflow_url)
-        server = start_serve(env, tmp_path / "serve.log", wait=False)
-        try:
-            params = {
-                "params": {
-                    "name": "it",
-                    "data_dir": str(tmp_path),
-                    "base": tiny_config().model_dump(mode="json"),
-                    "space": {
-                        "methods": [
-                            {"name": "copc", "tau_policy": [2.0], "tau_advantage": [1.0, 2.0]},
-                            {"name": "tis"},
-                        ],
-                        "staleness": [1],
-                        "seeds": [0],
-                        "steps": 2,
-                    },
-                }
-            }
-            trigger = textwrap.dedent(f"""
-                import json, time
-                from prefect.deployments import run_deployment
-                from prefect.client.orchestration import get_client
-                deadline = time.time() + 180
-                while True:  # wait until `copc serve` has registered the deployment
-                    try:
-                        with get_client(sync_client=True) as c:
-                            c.read_deployment_by_name("copc-sweep/embedded-default")
-                        break
-                    except Exception:
-                        if time.time() > deadline:
-                            raise
-                        time.sleep(1)
-                run = run_deployment("copc-sweep/embedded-default", timeout=600,
-                                     parameters=json.loads({json.dumps(json.dumps(params))}))
-                print("STATE", run.state.type.value)
-                from prefect.client.schemas import filters as F
-                with get_client(sync_client=True) as c:  # what the UI shows of this flow run: its log and artifact
-                    logs = c.read_logs(log_filter=F.LogFilter(flow_run_id=F.LogFilterFlowRunId(any_=[run.id])))
-                    arts = c.read_artifacts(
-                        artifact_filter=F.ArtifactFilter(flow_run_id=F.ArtifactFilterFlowRunId(any_=[run.id])))
-                    tasks = c.read_task_runs(flow_run_filter=F.FlowRunFilter(id=F.FlowRunFilterId(any_=[run.id])))
-                print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
-                print("TRIAL_NODES", json.dumps(sorted(
-                    [t.name, t.state.type.value] for t in tasks if t.task_key.startswith("trial"))))
-                times = [(t.name, t.start_time.timestamp(), t.end_time.timestamp()) for t in tasks if t.end_time]
-                print("NODE_TIMES", json.dumps(dict((n, [a, b]) for n, a, b in times)))
-                print("PROGRESS", json.dumps([a.data for a in arts if a.key == "warm-start"]))
-                sweep_arts = sorted((a for a in arts if a.key == "copc-sweep"), key=lambda a: a.created)
-                print("ARTIFACT", json.dumps([a.data for a in sweep_arts]))
-                print("ARTIFACT_RUNS", json.dumps([str(a.flow_run_id) == str(run.id) for a in sweep_arts]))
-                # a caller of the API may not choose where files are written
-                evil = run_deployment("copc-report/report", timeout=300, parameters={{"params": {{
-                    "sweeps": ["it"], "out": {json.dumps(str(tmp_path.parent / "evil" / "x.sh"))}}}}})
-                print("EVIL", evil.state.type.value)
-            """)
-            out = subprocess.run(
-                [sys.executable, "-c", trigger], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-            )
-            assert out.returncode == 0, out.stderr[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
-            assert "STATE COMPLETED" in out.stdout, (tmp_path / "serve.log").read_text()[-5000:]
-            assert "TRIAL_LINES 3" in out.stdout  # a log line per trial in the flow run, as it ends
-            # and a node per trial in the flow run's graph, named by its point
-            nodes = json.loads(out.stdout.split("TRIAL_NODES ")[1].splitlines()[0])
-            assert [state for _, state in nodes] == ["COMPLETED"] * 3, nodes
-            assert sorted(name.split()[0] for name, _ in nodes) == ["copc", "copc", "tis"], nodes
-            # the warm start is a node of its own with a progress artifact; each trial's node runs from the trial's
-            # start (its MLflow run's start) to its end, not drawn after it ended
-            times = json.loads(out.stdout.split("NODE_TIMES ")[1].splitlines()[0])
-            assert "warm start (SFT)" in times, times
-            assert json.loads(out.stdout.split("PROGRESS ")[1].splitlines()[0]) == [100.0]
-            # the artifact says where to watch the sweep as it starts, then holds its table; both are the flow run's
-            running, artifact = json.loads(out.stdout.split("ARTIFACT ")[1].splitlines()[0])
-            assert "(running)" in running and "viewStateShareKey=" in running, running
-            assert json.loads(out.stdout.split("ARTIFACT_RUNS ")[1].splitlines()[0]) == [True, True]
-            assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
-            assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
-            assert "EVIL FAILED" in out.stdout and not (tmp_path.parent / "evil").exists()
-            assert "must lie inside the data folder" in (tmp_path / "serve.log").read_text()
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-        client = MlflowClient(stack.mlflow_url)
-        exp = client.get_experiment_by_name("copc")
-        parent = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'sweep'")
-        children = client.search_runs([exp.experiment_id], "tags.copc_sweep = 'it' and tags.copc_kind = 'trial'")
-        assert len(parent) == 1 and len(children) == 3
-        assert sorted(c.data.tags["method"] for c in children) == ["copc", "copc", "tis"]
-        assert all(c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for c in children)
-        assert all("summary/final_accuracy" in c.data.metrics for c in children)
-        study = optuna.load_study(study_name="it", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-        assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
-        assert sorted(t.user_attrs["method"] for t in study.trials) == ["copc", "copc", "tis"]
-        assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
-        for c in children:
-            start, end = times[c.info.run_name]
-            assert abs(start - c.info.start_time / 1000) < 5 and end >= c.info.end_time / 1000 - 1, (times, c.info)
 
 
 def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(tmp_path):
