@@ -1,4 +1,7 @@
+import contextlib
 import os
+import pathlib
+import shutil
 
 import pytest
 
@@ -32,12 +35,14 @@ def tiny_warm_state():
 @pytest.fixture(scope="session")
 def local_ray():
     """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
-    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here."""
+    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here. In
+    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`), joined."""
     import ray
 
     from infra.ray_runtime import init_ray
 
-    init_ray(num_cpus=2)
+    shared = os.environ.get(SHARED_RAY)
+    init_ray(address=shared) if shared else init_ray(num_cpus=2)
     yield
     ray.shutdown()
 
@@ -47,6 +52,9 @@ def prefect_api(tmp_path_factory):
     """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for the test
     session's `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running
     has the same. PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
+    if os.environ.get(SHARED_PREFECT):  # pytest-xdist's workers: their controller's (`pytest_configure`)
+        yield os.environ[SHARED_PREFECT]
+        return
     from infra.local_stack import temporary_prefect_server
 
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-session")) as api:
@@ -54,13 +62,30 @@ def prefect_api(tmp_path_factory):
         yield api
 
 
+SHARED_RAY, SHARED_PREFECT = "COPC_TEST_RAY_ADDRESS", "COPC_TEST_PREFECT_API"
+_SHARED = contextlib.ExitStack()  # what the controller of pytest-xdist's workers runs for them, closed at its end
+
+
 def pytest_configure(config):
-    """Ray's auth token made once, before pytest-xdist's workers start (on a fresh machine there is none): each
-    `ray.init` that finds none writes one (Ray 2.60, unlocked), so workers starting Ray at once could overwrite each
-    other's token or read a half-written one. Ray's own command makes it; `restrict_auth_token` keeps it 0600. Only
-    where workers run: importing Ray costs ~2 s, which a run of one file without `-n` need not pay."""
+    """Where pytest-xdist's workers run, their controller readies what they share before they start: Ray's auth
+    token, one Ray and one Prefect server (named to the workers in $COPC_TEST_RAY_ADDRESS and $COPC_TEST_PREFECT_API).
+    A run without workers starts its own when a test first asks (`local_ray`, `prefect_api`)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
         return
+    _make_ray_auth_token()
+    workers = config.getoption("numprocesses")
+    _share_ray_and_prefect(workers if isinstance(workers, int) else os.cpu_count())
+
+
+def pytest_unconfigure(config):
+    _SHARED.close()
+
+
+def _make_ray_auth_token():
+    """Ray's auth token made once (on a fresh machine there is none): each `ray.init` that finds none writes one (Ray
+    2.60, unlocked), so workers starting Ray at once could overwrite each other's token or read a half-written one.
+    Ray's own command makes it; `restrict_auth_token` keeps it 0600. Only where workers run: importing Ray costs ~2 s,
+    which a run of one file without `-n` need not pay."""
     import subprocess
     import sys
 
@@ -70,6 +95,28 @@ def pytest_configure(config):
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         subprocess.run([ray_cli, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=300)
         restrict_auth_token()
+
+
+def _share_ray_and_prefect(workers: int):
+    """One Ray and one Prefect server for every worker, stopped when the run ends: each worker started its own (Ray
+    ~6 CPU-s, Prefect ~7.5) and kept it, idle, to the end of the run (~2 and ~1 CPU-s a minute, measured in a cgroup).
+    The Ray's CPUs are the workers' former Rays' together (2 each); its logical CPUs are not the machine's, as theirs
+    were not. Processes a test starts (`copc sweep`, `copc train --runtime ray`) still start Rays of their own."""
+    import tempfile
+
+    import ray
+
+    from infra.local_stack import temporary_prefect_server
+    from infra.ray_runtime import init_ray
+
+    home = pathlib.Path(tempfile.mkdtemp(prefix="copc-tests-"))
+    _SHARED.callback(shutil.rmtree, home, ignore_errors=True)  # last: an ExitStack closes in reverse
+    api = _SHARED.enter_context(temporary_prefect_server(home))
+    os.environ.pop("PREFECT_API_URL", None)  # a test hands the URL to the processes it starts
+    os.environ[SHARED_PREFECT] = api
+    init_ray(num_cpus=2 * workers)
+    _SHARED.callback(ray.shutdown)
+    os.environ[SHARED_RAY] = ray.get_runtime_context().gcs_address
 
 
 def pytest_collection_modifyitems(config, items):

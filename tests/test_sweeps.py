@@ -254,7 +254,7 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
     assert len(done_b) == 2 and done_a == []
 
 
-def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
+def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state, local_ray):
     from copc_core.train.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra.checkpoints import save_checkpoint
@@ -309,7 +309,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
         read_sweeps(tracking, ["nope"], [])
 
 
-def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state):
+def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state, local_ray):
     """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
     own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
     from copc_core.train.warmstart import warm_start_key
@@ -538,7 +538,7 @@ def _one_point_sweep(tmp_path, warm_state):
 
 
 def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(
-    tmp_path, tiny_warm_state, monkeypatch
+    tmp_path, tiny_warm_state, monkeypatch, local_ray
 ):
     """The window between logging a trial to MLflow and telling Optuna: a sweep that dies there leaves a
     RUNNING trial and a finished MLflow run; the next sweep tells Optuna that run's result and trains nothing."""
@@ -669,7 +669,9 @@ def test_the_regime_presets_are_the_calibrated_candidates():
     )
 
 
-def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(tmp_path, tiny_warm_state, monkeypatch):
+def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(
+    tmp_path, tiny_warm_state, local_ray, monkeypatch
+):
     """A run relabelled because its preset's meaning changed (scripts/relabel_trials.py) keeps its config hash; the
     recovery of logged-but-untold results must not hand it to the point that now bears the old label."""
     from flows.sweep_job import run_sweep
