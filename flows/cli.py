@@ -498,10 +498,15 @@ def sweep(
         help="the plan, written before the data (Markdown): kept on the study and in MLflow, a changed one as a new "
         "version; analyses it names in backticks (`coupling`, `late`, ...) are marked planned in the report",
     ),
+    ray_address: Optional[str] = typer.Option(
+        None, help="run the trials on an existing Ray cluster (default: $RAY_ADDRESS, else a local Ray of its own)"
+    ),
 ) -> None:
     """Joint sweep over methods × (τ_p, τ_a) × staleness × seed: Optuna study, Ray trials, MLflow runs, report.
 
     Files go under the data folder: $COPC_DATA_DIR, default ./data."""
+    if ray_address:  # as Ray's own `ray.init()` reads it (infra.ray_runtime.init_ray)
+        os.environ["RAY_ADDRESS"] = ray_address
     name, space, base = _sweep_plan(
         name, preset, task, space_file, config, methods, tau_policy, tau_advantage, staleness, seeds, steps
     )

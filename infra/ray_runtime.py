@@ -56,7 +56,8 @@ class RuntimeTimeoutError(TimeoutError):
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join a cluster at `address`, or start a local Ray with its node address 127.0.0.1 (no dashboard).
+    """Join a cluster at `address` (else at $RAY_ADDRESS, Ray's own convention: what `ray job submit` sets for the
+    command it runs), or start a local Ray with its node address 127.0.0.1 (no dashboard).
 
     What a local Ray 2.60 listens on (measured with `ss -ltn`, docs/RELIABILITY.md): its GCS, raylet and
     worker gRPC servers on all interfaces whatever the node address, guarded by Ray's token
@@ -66,6 +67,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """
     if ray.is_initialized():
         return
+    address = address or os.environ.get("RAY_ADDRESS", "").strip()
     if address:
         ray.init(address=address, log_to_driver=False)
     else:

@@ -36,13 +36,12 @@ def tiny_warm_state():
 def local_ray():
     """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
     risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here. In
-    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`), joined."""
+    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`, $RAY_ADDRESS), joined."""
     import ray
 
     from infra.ray_runtime import init_ray
 
-    shared = os.environ.get(SHARED_RAY)
-    init_ray(address=shared) if shared else init_ray(num_cpus=2)
+    init_ray(num_cpus=2)  # with $RAY_ADDRESS set, joins that Ray instead
     yield
     ray.shutdown()
 
@@ -62,13 +61,13 @@ def prefect_api(tmp_path_factory):
         yield api
 
 
-SHARED_RAY, SHARED_PREFECT = "COPC_TEST_RAY_ADDRESS", "COPC_TEST_PREFECT_API"
+SHARED_PREFECT = "COPC_TEST_PREFECT_API"
 _SHARED = contextlib.ExitStack()  # what the controller of pytest-xdist's workers runs for them, closed at its end
 
 
 def pytest_configure(config):
     """Where pytest-xdist's workers run, their controller readies what they share before they start: Ray's auth
-    token, one Ray and one Prefect server (named to the workers in $COPC_TEST_RAY_ADDRESS and $COPC_TEST_PREFECT_API).
+    token, one Ray and one Prefect server (named to the workers in $RAY_ADDRESS and $COPC_TEST_PREFECT_API).
     A run without workers starts its own when a test first asks (`local_ray`, `prefect_api`)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
         return
@@ -101,7 +100,9 @@ def _share_ray_and_prefect(workers: int):
     """One Ray and one Prefect server for every worker, stopped when the run ends: each worker started its own (Ray
     ~6 CPU-s, Prefect ~7.5) and kept it, idle, to the end of the run (~2 and ~1 CPU-s a minute, measured in a cgroup).
     The Ray's CPUs are the workers' former Rays' together (2 each); its logical CPUs are not the machine's, as theirs
-    were not. Processes a test starts (`copc sweep`, `copc train --runtime ray`) still start Rays of their own."""
+    were not. $RAY_ADDRESS, as Ray's own convention has it: the workers' tests and every process they start (`copc
+    sweep`, `copc train --runtime ray`, `copc serve`'s flow runs) join it, as they would a user's cluster
+    (`infra.ray_runtime.init_ray`); a test of a Ray of its own removes it."""
     import tempfile
 
     import ray
@@ -116,7 +117,7 @@ def _share_ray_and_prefect(workers: int):
     os.environ[SHARED_PREFECT] = api
     init_ray(num_cpus=2 * workers)
     _SHARED.callback(ray.shutdown)
-    os.environ[SHARED_RAY] = ray.get_runtime_context().gcs_address
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
 def pytest_collection_modifyitems(config, items):

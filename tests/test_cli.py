@@ -263,6 +263,26 @@ def test_sweep_axis_flags_build_the_space():
     assert space.steps == 7 and len(space.grid()) == (4 + 4 + 1) * 2 * 3
 
 
+def test_sweep_ray_address_is_the_ray_its_trials_run_on(tmp_path, monkeypatch):
+    """`copc sweep --ray-address` sets $RAY_ADDRESS, which the sweep's `init_ray` joins (tests/test_ray_runtime.py)."""
+    import contextlib
+
+    import flows.cli
+    import flows.prefect_flows
+
+    seen = []
+
+    def flow(params):
+        seen.append(os.environ["RAY_ADDRESS"])
+        raise SystemExit(0)
+
+    monkeypatch.setenv("RAY_ADDRESS", "")  # restored after the test, whatever the command sets
+    monkeypatch.setattr(flows.cli, "_prefect_api", contextlib.nullcontext)
+    monkeypatch.setattr(flows.prefect_flows, "copc_sweep", flow)
+    out = copc_here("sweep", "--ray-address", "10.0.0.5:6379", "--steps", "1", "--seeds", "0", data_dir=tmp_path)
+    assert out.returncode == 0 and seen == ["10.0.0.5:6379"], out.stdout + out.stderr
+
+
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):
     out = copc_here("sweep", "--preset", "nope", data_dir=tmp_path)
     assert out.returncode == 2 and "unknown sweep preset 'nope'" in out.stderr and "claims-search" in out.stderr

@@ -32,7 +32,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
     port = free_port()
     address = f"127.0.0.1:{port}"
     # Ray 2.60 heads enable token auth; every process of the cluster must then use it too
-    env = dict(os.environ, RAY_AUTH_MODE="token")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     # local_ray: this session's own Ray, which the teardown must leave alone
     groups: list[int] = []  # process group of each `ray start`: its daemons and their workers

@@ -283,6 +283,7 @@ def test_a_local_ray_that_times_out_at_startup_is_started_again(monkeypatch):
         if len(calls) == 1:
             raise Exception("The current node timed out during startup. This could happen because ...")
 
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local Ray, not the test session's shared one
     monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(runtime.ray, "init", flaky_init)
     monkeypatch.setattr(runtime.ray, "shutdown", lambda: calls.append("shutdown"))
@@ -293,3 +294,20 @@ def test_a_local_ray_that_times_out_at_startup_is_started_again(monkeypatch):
     monkeypatch.setattr(runtime.ray, "init", lambda **kw: (_ for _ in ()).throw(Exception("timed out during startup")))
     with pytest.raises(Exception, match="timed out during startup"):
         runtime.init_ray(num_cpus=2)
+
+
+def test_ray_address_in_the_environment_is_joined_as_ray_init_would(monkeypatch):
+    """$RAY_ADDRESS (what `ray job submit` sets for its command) is joined, not a local Ray started beside it; an
+    address given outright wins over it."""
+    import infra.ray_runtime as runtime
+
+    calls = []
+    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(runtime, "restrict_auth_token", lambda: None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    runtime.init_ray(num_cpus=2)
+    runtime.init_ray("10.0.0.6:6379")
+    monkeypatch.setenv("RAY_ADDRESS", " ")
+    runtime.init_ray(num_cpus=2)
+    assert [c["address"] for c in calls] == ["10.0.0.5:6379", "10.0.0.6:6379", "local"], calls

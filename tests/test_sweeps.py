@@ -379,6 +379,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
         str(tmp_path / "space.json"),
         "--config",
         str(tmp_path / "base.json"),
+        "--max-parallel",
+        "2",  # one per CPU by default, which on the test session's shared Ray (16 logical CPUs) would be all four
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -478,6 +480,8 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
             str(space_file),
             "--config",
             str(base_file),
+            "--max-parallel",
+            "2",
         ],
         cwd=root,
         env=env,
@@ -685,6 +689,9 @@ def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(
     trained = []
     monkeypatch.setattr(sweep_runs, "_train_trial", None)
     monkeypatch.setattr(sweep_runs, "run_trials", lambda configs, *a, **k: trained.append(configs) or [])
+    # the faked trials are never told, so the sweep waits out their heartbeat's grace (30 s by default) before it ends
+    monkeypatch.setenv("COPC_HEARTBEAT_S", "1")
+    monkeypatch.setenv("COPC_HEARTBEAT_GRACE_S", "2")
     run_sweep(space, "w", base, tmp_path, storage=storage, tracking=tracking)
     assert len(trained) == 1 and len(trained[0]) == len(space.grid())  # the point is trained, not recovered
 
