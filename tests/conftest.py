@@ -36,12 +36,13 @@ def tiny_warm_state():
 def local_ray():
     """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
     risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here. In
-    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`, $RAY_ADDRESS), joined."""
+    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`), joined."""
     import ray
 
     from infra.ray_runtime import init_ray
 
-    init_ray(num_cpus=2)  # with $RAY_ADDRESS set, joins that Ray instead
+    shared = os.environ.get(SHARED_RAY)
+    init_ray(address=shared) if shared else init_ray(num_cpus=2)
     yield
     ray.shutdown()
 
@@ -61,13 +62,13 @@ def prefect_api(tmp_path_factory):
         yield api
 
 
-SHARED_PREFECT = "COPC_TEST_PREFECT_API"
+SHARED_RAY, SHARED_PREFECT = "COPC_TEST_RAY_ADDRESS", "COPC_TEST_PREFECT_API"
 _SHARED = contextlib.ExitStack()  # what the controller of pytest-xdist's workers runs for them, closed at its end
 
 
 def pytest_configure(config):
     """Where pytest-xdist's workers run, their controller readies what they share before they start: Ray's auth
-    token, one Ray and one Prefect server (named to the workers in $RAY_ADDRESS and $COPC_TEST_PREFECT_API).
+    token, one Ray and one Prefect server (named to the workers in $COPC_TEST_RAY_ADDRESS and $COPC_TEST_PREFECT_API).
     A run without workers starts its own when a test first asks (`local_ray`, `prefect_api`)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
         return
@@ -100,9 +101,9 @@ def _share_ray_and_prefect(workers: int):
     """One Ray and one Prefect server for every worker, stopped when the run ends: each worker started its own (Ray
     ~6 CPU-s, Prefect ~7.5) and kept it, idle, to the end of the run (~2 and ~1 CPU-s a minute, measured in a cgroup).
     The Ray's CPUs are the workers' former Rays' together (2 each); its logical CPUs are not the machine's, as theirs
-    were not. $RAY_ADDRESS, as Ray's own convention has it: the workers' tests and every process they start (`copc
-    sweep`, `copc train --runtime ray`, `copc serve`'s flow runs) join it, as they would a user's cluster
-    (`infra.ray_runtime.init_ray`); a test of a Ray of its own removes it."""
+    were not. The processes a test starts (`copc sweep`, `copc train --runtime ray`) start Rays of their own, as a
+    user's do: joining this one through $RAY_ADDRESS measured more CPU, not less (each ran its trials on the shared
+    Ray's CPUs at once, a worker process each, where two of their own took turns)."""
     import tempfile
 
     import ray
@@ -117,15 +118,25 @@ def _share_ray_and_prefect(workers: int):
     os.environ[SHARED_PREFECT] = api
     init_ray(num_cpus=2 * workers)
     _SHARED.callback(ray.shutdown)
-    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    os.environ[SHARED_RAY] = ray.get_runtime_context().gcs_address
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first, so that pytest-xdist's workers (the README's test command) end on short tests, not on
-    one long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU):
-    skipped, with the reason, where it does not."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each file's order kept
+    """The slow tests first, each of pytest-xdist's workers its share, so that they end on short tests, not on one
+    long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped,
+    with the reason, where it does not."""
+    items[:] = _slow_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     _skip_vllm_tests_without_vllm(items)
+
+
+def _slow_first(items: list, workers: int) -> list:
+    """`workers` runs of tests, each its share of the slow tests (every `workers`-th, in file order) then its share
+    of the rest. `--dist worksteal` hands each worker one run of the list to start with (contiguous, equal in count)
+    and steals from the end of a queue: sorted slow-first as one block, the first worker got 87 slow tests of 100
+    and the others stole them late, so the run ended on long tests."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    return [item for w in range(workers) for item in slow[w::workers] + fast[w::workers]]
 
 
 def _skip_vllm_tests_without_vllm(items):

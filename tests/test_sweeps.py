@@ -263,7 +263,9 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
     space = tiny_space()
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
+    # two at a time, as on a Ray of 2 CPUs: on the test session's shared Ray (tests/conftest.py) each trial would
+    # otherwise start a worker process of its own at once
+    first = run_sweep(space, "t", base, tmp_path, tracking=tracking, max_parallel=2)
     assert len([o for o in first.outcomes if o.state == "COMPLETE"]) == 4
     client = MlflowClient(tracking)
     exp = client.get_experiment_by_name("copc")
@@ -277,7 +279,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     assert "config.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
     study = optuna.load_study(study_name="t", storage=first.storage)
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
-    second = run_sweep(space, "t", base, tmp_path, tracking=tracking)
+    second = run_sweep(space, "t", base, tmp_path, tracking=tracking, max_parallel=2)
     assert second.outcomes == [] and second.parent_run_id == first.parent_run_id
     assert len(optuna.load_study(study_name="t", storage=first.storage).trials) == 4
 
@@ -324,7 +326,7 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert space.run_config(base, space.grid()[1]).train.eta == 2
     assert space.run_config(base, space.grid()[1]).train.staleness == 0
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
+    result = run_sweep(space, "b", base, tmp_path, tracking=tracking, max_parallel=2)  # as above
     assert [o.state for o in result.outcomes] == ["COMPLETE", "COMPLETE"]
     for outcome in result.outcomes:
         eta = outcome.point.staleness
@@ -379,8 +381,6 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
         str(tmp_path / "space.json"),
         "--config",
         str(tmp_path / "base.json"),
-        "--max-parallel",
-        "2",  # one per CPU by default, which on the test session's shared Ray (16 logical CPUs) would be all four
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -480,8 +480,6 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
             str(space_file),
             "--config",
             str(base_file),
-            "--max-parallel",
-            "2",
         ],
         cwd=root,
         env=env,
