@@ -1,7 +1,4 @@
-import contextlib
 import os
-import pathlib
-import shutil
 
 import pytest
 
@@ -35,14 +32,12 @@ def tiny_warm_state():
 @pytest.fixture(scope="session")
 def local_ray():
     """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
-    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here. In
-    pytest-xdist's workers, the one Ray their controller started (`pytest_configure`), joined."""
+    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here."""
     import ray
 
     from infra.ray_runtime import init_ray
 
-    shared = os.environ.get(SHARED_RAY)
-    init_ray(address=shared) if shared else init_ray(num_cpus=2)
+    init_ray(num_cpus=2)
     yield
     ray.shutdown()
 
@@ -52,9 +47,6 @@ def prefect_api(tmp_path_factory):
     """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for the test
     session's `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running
     has the same. PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
-    if os.environ.get(SHARED_PREFECT):  # pytest-xdist's workers: their controller's (`pytest_configure`)
-        yield os.environ[SHARED_PREFECT]
-        return
     from infra.local_stack import temporary_prefect_server
 
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-session")) as api:
@@ -62,30 +54,13 @@ def prefect_api(tmp_path_factory):
         yield api
 
 
-SHARED_RAY, SHARED_PREFECT = "COPC_TEST_RAY_ADDRESS", "COPC_TEST_PREFECT_API"
-_SHARED = contextlib.ExitStack()  # what the controller of pytest-xdist's workers runs for them, closed at its end
-
-
 def pytest_configure(config):
-    """Where pytest-xdist's workers run, their controller readies what they share before they start: Ray's auth
-    token, one Ray and one Prefect server (named to the workers in $COPC_TEST_RAY_ADDRESS and $COPC_TEST_PREFECT_API).
-    A run without workers starts its own when a test first asks (`local_ray`, `prefect_api`)."""
+    """Ray's auth token made once, before pytest-xdist's workers start (on a fresh machine there is none): each
+    `ray.init` that finds none writes one (Ray 2.60, unlocked), so workers starting Ray at once could overwrite each
+    other's token or read a half-written one. Ray's own command makes it; `restrict_auth_token` keeps it 0600. Only
+    where workers run: importing Ray costs ~2 s, which a run of one file without `-n` need not pay."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
         return
-    _make_ray_auth_token()
-    workers = config.getoption("numprocesses")
-    _share_ray_and_prefect(workers if isinstance(workers, int) else os.cpu_count())
-
-
-def pytest_unconfigure(config):
-    _SHARED.close()
-
-
-def _make_ray_auth_token():
-    """Ray's auth token made once (on a fresh machine there is none): each `ray.init` that finds none writes one (Ray
-    2.60, unlocked), so workers starting Ray at once could overwrite each other's token or read a half-written one.
-    Ray's own command makes it; `restrict_auth_token` keeps it 0600. Only where workers run: importing Ray costs ~2 s,
-    which a run of one file without `-n` need not pay."""
     import subprocess
     import sys
 
@@ -97,46 +72,12 @@ def _make_ray_auth_token():
         restrict_auth_token()
 
 
-def _share_ray_and_prefect(workers: int):
-    """One Ray and one Prefect server for every worker, stopped when the run ends: each worker started its own (Ray
-    ~6 CPU-s, Prefect ~7.5) and kept it, idle, to the end of the run (~2 and ~1 CPU-s a minute, measured in a cgroup).
-    The Ray's CPUs are the workers' former Rays' together (2 each); its logical CPUs are not the machine's, as theirs
-    were not. The processes a test starts (`copc sweep`, `copc train --runtime ray`) start Rays of their own, as a
-    user's do: joining this one through $RAY_ADDRESS measured more CPU, not less (each ran its trials on the shared
-    Ray's CPUs at once, a worker process each, where two of their own took turns)."""
-    import tempfile
-
-    import ray
-
-    from infra.local_stack import temporary_prefect_server
-    from infra.ray_runtime import init_ray
-
-    home = pathlib.Path(tempfile.mkdtemp(prefix="copc-tests-"))
-    _SHARED.callback(shutil.rmtree, home, ignore_errors=True)  # last: an ExitStack closes in reverse
-    api = _SHARED.enter_context(temporary_prefect_server(home))
-    os.environ.pop("PREFECT_API_URL", None)  # a test hands the URL to the processes it starts
-    os.environ[SHARED_PREFECT] = api
-    init_ray(num_cpus=2 * workers)
-    _SHARED.callback(ray.shutdown)
-    os.environ[SHARED_RAY] = ray.get_runtime_context().gcs_address
-
-
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first, each of pytest-xdist's workers its share, so that they end on short tests, not on one
-    long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU): skipped,
-    with the reason, where it does not."""
-    items[:] = _slow_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    """The slow tests first, so that pytest-xdist's workers (the README's test command) end on short tests, not on
+    one long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU):
+    skipped, with the reason, where it does not."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each file's order kept
     _skip_vllm_tests_without_vllm(items)
-
-
-def _slow_first(items: list, workers: int) -> list:
-    """`workers` runs of tests, each its share of the slow tests (every `workers`-th, in file order) then its share
-    of the rest. `--dist worksteal` hands each worker one run of the list to start with (contiguous, equal in count)
-    and steals from the end of a queue: sorted slow-first as one block, the first worker got 87 slow tests of 100
-    and the others stole them late, so the run ended on long tests."""
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    fast = [item for item in items if item.get_closest_marker("slow") is None]
-    return [item for w in range(workers) for item in slow[w::workers] + fast[w::workers]]
 
 
 def _skip_vllm_tests_without_vllm(items):

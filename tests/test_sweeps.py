@@ -254,7 +254,7 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
     assert len(done_b) == 2 and done_a == []
 
 
-def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state, local_ray):
+def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
     from copc_core.train.warmstart import warm_start_key
     from flows.sweep_job import run_sweep
     from infra.checkpoints import save_checkpoint
@@ -263,9 +263,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     save_checkpoint(tmp_path / "cache" / f"warmstart-{warm_start_key(base)}.pt", tiny_warm_state)
     space = tiny_space()
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # two at a time, as on a Ray of 2 CPUs: on the test session's shared Ray (tests/conftest.py) each trial would
-    # otherwise start a worker process of its own at once
-    first = run_sweep(space, "t", base, tmp_path, tracking=tracking, max_parallel=2)
+    first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
     assert len([o for o in first.outcomes if o.state == "COMPLETE"]) == 4
     client = MlflowClient(tracking)
     exp = client.get_experiment_by_name("copc")
@@ -279,7 +277,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
     assert "config.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
     study = optuna.load_study(study_name="t", storage=first.storage)
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
-    second = run_sweep(space, "t", base, tmp_path, tracking=tracking, max_parallel=2)
+    second = run_sweep(space, "t", base, tmp_path, tracking=tracking)
     assert second.outcomes == [] and second.parent_run_id == first.parent_run_id
     assert len(optuna.load_study(study_name="t", storage=first.storage).trials) == 4
 
@@ -311,7 +309,7 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
         read_sweeps(tracking, ["nope"], [])
 
 
-def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state, local_ray):
+def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state):
     """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
     own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
     from copc_core.train.warmstart import warm_start_key
@@ -326,7 +324,7 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert space.run_config(base, space.grid()[1]).train.eta == 2
     assert space.run_config(base, space.grid()[1]).train.staleness == 0
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_sweep(space, "b", base, tmp_path, tracking=tracking, max_parallel=2)  # as above
+    result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
     assert [o.state for o in result.outcomes] == ["COMPLETE", "COMPLETE"]
     for outcome in result.outcomes:
         eta = outcome.point.staleness
@@ -540,7 +538,7 @@ def _one_point_sweep(tmp_path, warm_state):
 
 
 def test_a_result_logged_to_mlflow_but_not_told_to_optuna_is_recovered_not_retrained(
-    tmp_path, tiny_warm_state, monkeypatch, local_ray
+    tmp_path, tiny_warm_state, monkeypatch
 ):
     """The window between logging a trial to MLflow and telling Optuna: a sweep that dies there leaves a
     RUNNING trial and a finished MLflow run; the next sweep tells Optuna that run's result and trains nothing."""
@@ -671,9 +669,7 @@ def test_the_regime_presets_are_the_calibrated_candidates():
     )
 
 
-def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(
-    tmp_path, tiny_warm_state, local_ray, monkeypatch
-):
+def test_a_relabelled_run_of_the_same_config_is_not_recovered_as_the_new_point(tmp_path, tiny_warm_state, monkeypatch):
     """A run relabelled because its preset's meaning changed (scripts/relabel_trials.py) keeps its config hash; the
     recovery of logged-but-untold results must not hand it to the point that now bears the old label."""
     from flows.sweep_job import run_sweep
