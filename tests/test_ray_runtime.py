@@ -283,7 +283,7 @@ def test_a_local_ray_that_times_out_at_startup_is_started_again(monkeypatch):
         if len(calls) == 1:
             raise Exception("The current node timed out during startup. This could happen because ...")
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local Ray, not the test session's shared one
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local Ray, not one that $RAY_ADDRESS names
     monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(runtime.ray, "init", flaky_init)
     monkeypatch.setattr(runtime.ray, "shutdown", lambda: calls.append("shutdown"))
