@@ -52,7 +52,10 @@ def busy_cpu_s() -> float:
 
 def pytest_configure(config):
     if config.getoption("numprocesses", None):
-        raise pytest.UsageError("bench.cpu_per_test reads the whole machine's CPU: run it without -n")
+        raise pytest.UsageError(
+            "bench.cpu_per_test reads the CPU of the whole machine (or of its cgroup), which parallel workers share: "
+            "run it without -n"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -106,7 +106,8 @@ def _trigger_sweeps(env: dict[str, str], data: pathlib.Path, serve_log: pathlib.
     assert [state for _, state in nodes] == ["COMPLETED"] * 3, nodes
     assert sorted(name.split()[0] for name, _ in nodes) == ["copc", "copc", "tis"], nodes
     # the warm start is a node of its own with a progress artifact
-    assert "warm start (SFT)" in _printed(out.stdout, "NODE_TIMES")
+    times = _printed(out.stdout, "NODE_TIMES")
+    assert "warm start (SFT)" in times, times
     assert _printed(out.stdout, "PROGRESS") == [100.0]
     # the artifact says where to watch the sweep as it starts, then holds its table; both are the flow run's
     running, artifact = _printed(out.stdout, "ARTIFACT")
@@ -119,7 +120,7 @@ def _trigger_sweeps(env: dict[str, str], data: pathlib.Path, serve_log: pathlib.
     # a caller of the API may not choose where files are written
     assert "EVIL FAILED" in out.stdout and not (data.parent / "evil").exists()
     assert "must lie inside the data folder" in serve_log.read_text()
-    _check_mlflow_and_optuna(env["MLFLOW_TRACKING_URI"], data, _printed(out.stdout, "NODE_TIMES"))
+    _check_mlflow_and_optuna(env["MLFLOW_TRACKING_URI"], data, times)
     return run_id
 
 
