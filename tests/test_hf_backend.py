@@ -27,6 +27,17 @@ def offline():
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One torch thread, as the Ray actors run: fixed reductions, so two warm starts of one config (and the actors'
+    floats) agree bit for bit. At two threads they did not on CI's machine (the vLLM lane keeps torch's default
+    count), though they did here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, offline):
     return save_tiny_model(
@@ -152,13 +163,8 @@ def test_the_ray_runtime_runs_the_hf_backend_like_the_in_process_trainer(tiny_di
     from infra.ray_runtime import RayTrainer
 
     cfg = with_overrides(hf_config(tiny_dir, staleness=1, steps=3), {"train.eval_every": 3})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the actors' setting: same reductions, same floats
-    try:
-        reference = Trainer(cfg, hf_warm)
-        reference.run()
-    finally:
-        torch.set_num_threads(threads)
+    reference = Trainer(cfg, hf_warm)  # at one thread (one_torch_thread), the actors' setting: same floats
+    reference.run()
     # an actor's first call imports transformers and builds the model: minutes on a loaded 2-core machine
     rt = RayTrainer(
         with_overrides(cfg, {"resources.rollout_cpus": 0.5, "resources.learner_cpus": 0.5, "resources.timeout_s": 600}),

@@ -17,13 +17,16 @@ from copc_core.rl.tensors import check_float_mask, check_same_shape, masked_mean
 def effective_sample_size(weight: Tensor, mask: Tensor) -> Tensor:
     """Normalised ESS = (Σ w)² / (N Σ w²) over policy tokens, in (0, 1]; 1 for uniform weights.
 
-    Kong 1992; Owen 2013, "Monte Carlo theory, methods and examples", §9.3. Shapes: [B, T] → [].
+    Kong 1992; Owen 2013, "Monte Carlo theory, methods and examples", §9.3. Summed in float64: near-uniform
+    float32 weights (a step on policy, ρ = 1 ± 1e-6) summed in float32 can read 1.0000001, above the bound.
+    Shapes: [B, T] → [].
     """
     check_same_shape(weight=weight, mask=mask)
-    w = weight * mask
-    n = mask.sum().clamp(min=1)
+    w = (weight * mask).double()
+    n = mask.sum().clamp(min=1).double()
     total_sq = w.square().sum()
-    return torch.where(total_sq > 0, w.sum().square() / (n * total_sq), total_sq.new_zeros(()))
+    ess = torch.where(total_sq > 0, w.sum().square() / (n * total_sq), total_sq.new_zeros(()))
+    return ess.to(weight.dtype)
 
 
 def sequence_effective_sample_size(log_ratio: Tensor, mask: Tensor) -> Tensor:
