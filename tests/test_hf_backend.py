@@ -123,6 +123,8 @@ def test_left_padding_changes_nothing(tiny_dir):
         logits_p, values_p = model(padded)
     torch.testing.assert_close(logits_p[:, 3:], logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(values_p[:, 3:], values, rtol=0, atol=1e-5)
+    with torch.no_grad():  # the values alone (the critic warm-up's pass): forward's, bit for bit
+        assert torch.equal(model.values(padded), values_p)
 
 
 def test_sampler_log_probs_equal_the_learner_recompute_on_policy(tiny_dir, hf_warm):

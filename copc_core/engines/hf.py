@@ -90,6 +90,12 @@ class HFActorCritic(nn.Module):
         logits = self.policy.get_output_embeddings()(h)
         return logits.float(), self.value_head(critic_h).squeeze(-1).float()
 
+    def values(self, idx: Tensor) -> Tensor:
+        """V(s_t) [B, T] alone, as `forward` computes it (the critic warm-up needs no policy pass)."""
+        attention, positions = padding_positions(idx, self.pad_id)
+        trunk = self.policy.base_model if self.critic_trunk is None else self.critic_trunk
+        return self.value_head(self._hidden(trunk, idx, attention, positions)).squeeze(-1).float()
+
     def policy_step(self, idx: Tensor, cache: HFCache) -> Tensor:
         """Next-token logits [B, V] after appending idx [B, T] to the cached prefix (policy only)."""
         if cache.attention is None:  # prefill: the (left-padded) prompt

@@ -36,29 +36,39 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(shape.n_embd, 3 * shape.n_embd)
         self.proj = nn.Linear(shape.n_embd, shape.n_embd)
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        B, T, C = x.shape
-        hd = C // self.n_head
-        q, k, v = self.qkv(x).split(C, dim=2)  # each [B, T, C]
-        q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # [B, H, T, hd]
-        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
-        else:
-            start = cache.length
-            k, v = cache.append(layer, k, v)  # [B, H, pos + T, hd]
-            if T == 1:
-                # one new query sees every cached key: plain attention, no mask; on CPU this is
-                # several times faster than the SDPA kernel for a single query
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [B, H, 1, pos + 1]
-                y = torch.softmax(att, dim=-1) @ v
-            elif start == 0:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # prefill
-            else:  # new queries see every cached position and the causal part of themselves
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(T))
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.proj(y)
+    def forward(self, x: Tensor) -> Tensor:
+        """Causal self-attention over whole sequences [B, T, C] (the learner's pass)."""
+        q, k, v = self._heads(self.qkv(x))
+        return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True), self.proj)
+
+    def step(self, x: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """The same, for new positions x [B, T, C] after the cached ones (sampling). Called as a method, not a
+        module, and with F.linear: a decode step at batch 32 is mostly per-call overhead (docs/BENCHMARKS.md)."""
+        q, k, v = self._heads(F.linear(x, self.qkv.weight, self.qkv.bias))
+        start = cache.length
+        k, v = cache.append(layer, k, v)  # [B, H, pos + T, hd]
+        if q.shape[2] == 1:
+            # one new query sees every cached key: plain attention, no mask; on CPU this is
+            # several times faster than the SDPA kernel for a single query
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # [B, H, 1, pos + 1]
+            y = torch.softmax(att, dim=-1) @ v
+        elif start == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # prefill
+        else:  # new queries see every cached position and the causal part of themselves
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(q.shape[2]))
+        return self._merge(y, lambda h: F.linear(h, self.proj.weight, self.proj.bias))
+
+    def _heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[B, T, 3C] → q, k, v, each [B, H, T, hd]."""
+        B, T, C3 = qkv.shape
+        C = C3 // 3
+        return tuple(x.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for x in qkv.split(C, dim=2))
+
+    @staticmethod
+    def _merge(y: Tensor, proj) -> Tensor:
+        """[B, H, T, hd] → the output projection of [B, T, C]."""
+        B, H, T, hd = y.shape
+        return proj(y.transpose(1, 2).contiguous().view(B, T, H * hd))
 
 
 class Block(nn.Module):
@@ -71,9 +81,20 @@ class Block(nn.Module):
             nn.Linear(shape.n_embd, 4 * shape.n_embd), nn.GELU(), nn.Linear(4 * shape.n_embd, shape.n_embd)
         )
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        x = x + self.attn(self.ln1(x), cache, layer)
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+    def step(self, x: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """`forward` after the cached positions, its modules' own functions called directly (bit for bit the same)."""
+        x = x + self.attn.step(_layer_norm(self.ln1, x), cache, layer)
+        fc, _, out = self.mlp
+        h = F.gelu(F.linear(_layer_norm(self.ln2, x), fc.weight, fc.bias))
+        return x + F.linear(h, out.weight, out.bias)
+
+
+def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
 class Trunk(nn.Module):
@@ -86,16 +107,21 @@ class Trunk(nn.Module):
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
         self.ln_f = nn.LayerNorm(shape.n_embd)
 
-    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
-        B, T = idx.shape
-        start = 0 if cache is None else cache.length
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.tok(idx) + self.pos(pos)  # [B, T, C]
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache, i)
-        if cache is not None:
-            cache.advance(T)
+    def forward(self, idx: Tensor) -> Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))  # [B, T, C]
+        for block in self.blocks:
+            x = block(x)
         return self.ln_f(x)
+
+    def step(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """Features [B, T, C] of new tokens idx [B, T] after the cached prefix (which they join)."""
+        T = idx.shape[1]
+        pos = torch.arange(cache.length, cache.length + T, device=idx.device)
+        x = F.embedding(idx, self.tok.weight) + F.embedding(pos, self.pos.weight)
+        for i, block in enumerate(self.blocks):
+            x = block.step(x, cache, i)
+        cache.advance(T)
+        return _layer_norm(self.ln_f, x)
 
 
 class TinyGPT(nn.Module):
@@ -148,10 +174,15 @@ class TinyGPT(nn.Module):
         critic_h = h if self.critic_trunk is None else self.critic_trunk(idx)
         return self.lm_head(h), self.value_head(critic_h).squeeze(-1)
 
+    def values(self, idx: Tensor) -> Tensor:
+        """V(s_t) [B, T] alone, as `forward` computes it (the critic warm-up needs no policy pass)."""
+        critic = self.trunk if self.critic_trunk is None else self.critic_trunk
+        return self.value_head(critic(idx)).squeeze(-1)
+
     def policy_step(self, idx: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits [B, V] after appending idx [B, T] to the cached prefix (policy only)."""
-        h = self.trunk(idx, cache)
-        return self.lm_head(h[:, -1])
+        h = self.trunk.step(idx, cache)
+        return F.linear(h[:, -1], self.lm_head.weight)
 
     def new_cache(self, batch: int) -> KVCache:
         s = self.shape

@@ -98,6 +98,17 @@ def rows_logprobs(
     return tuple(_pad(x, T) for x in out)  # type: ignore[return-value]
 
 
+def rows_values(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor) -> Tensor:
+    """V(s_t) of the episodes `rows`, [len(rows), T], as `rows_logprobs` reads it, without the policy's pass."""
+    sub = batch.select(rows)
+    T = sub.response_ids.shape[1]
+    width = forward_width(sub.mask)
+    head = sub.head(width) if width < T else sub
+    P = head.prompt_ids.shape[1]
+    values = model.values(torch.cat([head.prompt_ids, head.response_ids[:, :-1]], dim=1))
+    return _pad(values[:, P - 1 :], T)
+
+
 def rows_distributions(
     model: ActorCritic, batch: TrajectoryBatch, rows: Tensor, temperature: float, keep: int
 ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
@@ -409,7 +420,7 @@ class Learner:
             order = torch.randperm(B, generator=self.generator)
             for j in range(t.minibatches):
                 idx = order[j * mb : (j + 1) * mb]
-                _, values, _ = rows_logprobs(self.model, batch, idx, t.temperature)
+                values = rows_values(self.model, batch, idx)
                 critic = clipped_value_loss(values, values_old[idx], returns[idx], mask[idx], m.value_clip)
                 loss = t.value_coef * critic.loss
                 if not torch.isfinite(loss):
