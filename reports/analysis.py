@@ -64,9 +64,13 @@ def _all_replicates(groups: dict[tuple, np.ndarray], n_boot: int, seed: int) -> 
     return {key: _replicates(values, n_boot, _stream(key, seed)) for key, values in sorted(groups.items())}
 
 
-def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float, float]:
+def mean_interval(
+    values: np.ndarray, level: float = LEVEL, bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> tuple[float, float, float]:
     """(mean, low, high): the mean of the finite `values` and its Student t interval (scipy); no interval under two
-    values, the point itself when every value is equal."""
+    values, the point itself when every value is equal. `bounds`: the range the mean cannot leave (an accuracy's,
+    say); the interval is cut to it, which loses no coverage (a mean inside the range is in the cut interval exactly
+    when it is in the whole one) — a t interval over a collapse's point mass otherwise reaches past 1."""
     values = np.asarray(values, float)
     values = values[np.isfinite(values)]
     if len(values) == 0:
@@ -77,7 +81,7 @@ def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, floa
     if np.ptp(values) <= 1e-12 * max(1.0, abs(mean)):  # equal values (up to rounding): the point itself
         return mean, mean, mean
     ci = stats.ttest_1samp(values, 0.0).confidence_interval(level)
-    return mean, float(ci.low), float(ci.high)
+    return mean, max(float(ci.low), bounds[0]), min(float(ci.high), bounds[1])
 
 
 def contrast_interval(samples: list[np.ndarray], weights: list[float], level: float = LEVEL) -> tuple[float, float]:
@@ -467,15 +471,15 @@ def late_half_aucs(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.Series:
 
 def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Per (method, k): collapses and their steps, final − peak held-out accuracy and the late-half AUC
-    (`late_half_auc`), seed means with t intervals (`mean_interval`)."""
+    (`late_half_auc`), seed means with t intervals (`mean_interval`) cut to their ranges, [−1, 0] and [0, 1]."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
     scored = scored.assign(late_auc=late_half_aucs(scored, curves))
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
         lost = (g["final_accuracy"] - g["peak_accuracy"]).to_numpy(float)
         late = g["late_auc"].to_numpy(float)
-        loss, loss_low, loss_high = mean_interval(lost, level)
-        auc, auc_low, auc_high = mean_interval(late, level)
+        loss, loss_low, loss_high = mean_interval(lost, level, bounds=(-1.0, 0.0))  # accuracies: final ≤ peak
+        auc, auc_low, auc_high = mean_interval(late, level, bounds=(0.0, 1.0))
         steps = sorted(int(s) for s in g.loc[g["collapsed"], "collapse_step"].dropna())
         rows.append(
             dict(

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from reports import analysis, figures, schema
 from reports.frames import curves_frame, runs_frame
@@ -680,6 +681,21 @@ def test_late_stage_counts_collapses_and_gives_intervals_per_method():
     ]
     grown = analysis.late_stage(frame(more), curves_frame(more)).set_index("method")
     assert grown.loc["copc", "late_auc_low"] == late.loc["copc", "late_auc_low"]
+
+
+def test_late_stage_intervals_stay_inside_what_an_accuracy_can_be():
+    """Four runs near 1 and one collapsed to 0 (tool-math's long runs): the t interval of the late-half AUC's mean
+    reaches past 1 and is cut there, as final − peak's is cut at 0; the lower ends are scipy's own."""
+    values = np.array([0.99, 0.98, 1.0, 0.97, 0.0])
+    mean, low, high = analysis.mean_interval(values)
+    t = stats.t.ppf(0.975, 4) * values.std(ddof=1) / math.sqrt(5)
+    assert (low, high) == pytest.approx((mean - t, mean + t)) and high > 1.0  # uncut, by its formula
+    assert analysis.mean_interval(values, bounds=(0.0, 1.0)) == pytest.approx((mean, mean - t, 1.0))
+    assert analysis.mean_interval(values - 1.0, bounds=(-1.0, 0.0)) == pytest.approx((mean - 1, mean - 1 - t, 0.0))
+    runs, curves = frame(late_records()), curves_frame(late_records())
+    late = analysis.late_stage(runs, curves)
+    assert (late["late_auc_low"] >= 0).all() and (late["late_auc_high"] <= 1).all()
+    assert (late["final_minus_peak_low"] >= -1).all() and (late["final_minus_peak_high"] <= 0).all()
 
 
 def test_rliables_aggregates_by_their_definitions_on_hand_values():
