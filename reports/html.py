@@ -453,7 +453,8 @@ def _late_section(data: ReportData, t: _Tables) -> list[str]:
         ),
         '<p class="note">final − peak: held-out accuracy at the end minus its best evaluation, seed mean (0: nothing '
         "lost). Late-half AUC: the held-out accuracy averaged over the second half of each run's steps. Intervals: "
-        "Student t over the runs of the row (scipy); none with one run.</p>",
+        "Student t over the runs of the row (scipy), cut to what each can be ([−1, 0] and [0, 1]: a collapse's point "
+        "mass would carry them past); none with one run.</p>",
     ]
 
 
