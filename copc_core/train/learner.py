@@ -61,9 +61,13 @@ def response_distributions(model: ActorCritic, batch: TrajectoryBatch, temperatu
     is V of the state before token t.
     """
     P = batch.prompt_ids.shape[1]
-    idx = torch.cat([batch.prompt_ids, batch.response_ids[:, :-1]], dim=1)  # [B, P + T − 1]
-    logits, values = model(idx)
+    logits, values = model(model_input(batch))
     return torch.log_softmax(logits[:, P - 1 :] / temperature, dim=-1), values[:, P - 1 :]
+
+
+def model_input(batch: TrajectoryBatch) -> Tensor:
+    """What the model reads for every response position: prompt + response[:-1], [B, P + T − 1]."""
+    return torch.cat([batch.prompt_ids, batch.response_ids[:, :-1]], dim=1)
 
 
 def token_statistics(log_probs: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -91,22 +95,24 @@ def rows_logprobs(
     The forward pass reads only up to the last policy token of the longest of these episodes: the
     positions after it are masked in every loss, estimator and statistic, so they are not computed.
     """
-    sub = batch.select(rows)
-    T = sub.response_ids.shape[1]
-    width = forward_width(sub.mask)
-    out = response_logprobs(model, sub.head(width) if width < T else sub, temperature)
+    head, T = _rows_head(batch, rows)
+    out = response_logprobs(model, head, temperature)
     return tuple(_pad(x, T) for x in out)  # type: ignore[return-value]
 
 
 def rows_values(model: ActorCritic, batch: TrajectoryBatch, rows: Tensor) -> Tensor:
     """V(s_t) of the episodes `rows`, [len(rows), T], as `rows_logprobs` reads it, without the policy's pass."""
+    head, T = _rows_head(batch, rows)
+    values = model.values(model_input(head))
+    return _pad(values[:, head.prompt_ids.shape[1] - 1 :], T)
+
+
+def _rows_head(batch: TrajectoryBatch, rows: Tensor) -> tuple[TrajectoryBatch, int]:
+    """The episodes `rows`, cut at their forward width, and the batch's response length T (to pad back to)."""
     sub = batch.select(rows)
     T = sub.response_ids.shape[1]
     width = forward_width(sub.mask)
-    head = sub.head(width) if width < T else sub
-    P = head.prompt_ids.shape[1]
-    values = model.values(torch.cat([head.prompt_ids, head.response_ids[:, :-1]], dim=1))
-    return _pad(values[:, P - 1 :], T)
+    return (sub.head(width) if width < T else sub), T
 
 
 def rows_distributions(
@@ -114,10 +120,7 @@ def rows_distributions(
 ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
     """`rows_logprobs` of `rows`, and the full log π(·|s_t) of the first `keep` of them, detached,
     [keep, width, V] (width: the forward width of `rows`)."""
-    sub = batch.select(rows)
-    T = sub.response_ids.shape[1]
-    width = forward_width(sub.mask)
-    head = sub.head(width) if width < T else sub
+    head, T = _rows_head(batch, rows)
     log_probs, values = response_distributions(model, head, temperature)
     logp, entropy = token_statistics(log_probs, head.response_ids)
     return (_pad(logp, T), _pad(values, T), _pad(entropy, T)), log_probs[:keep].detach()
