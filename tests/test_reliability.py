@@ -279,25 +279,43 @@ def _walk(obj):
 
 # ---- a killed `copc train` ----
 
+KILLED_RUN = tiny_config(method="copc", staleness=2, steps=24)  # checkpoints at steps 10, 20 and 24
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_warm_state):
+    """The killed run's config trained whole in this process, at the runtimes' one torch thread: both runtimes'
+    `copc train` equal it float for float (tests/test_ray_runtime.py holds Ray to the in-process trainer)."""
+    from copc_core.train.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(KILLED_RUN.train.torch_threads)
+    try:
+        trainer = Trainer(KILLED_RUN, tiny_warm_state)
+        trainer.run()
+    finally:
+        torch.set_num_threads(threads)
+    return {"steps": trainer.history, "evals": trainer.evals}
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["inprocess", "ray"])
-def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(tmp_path, runtime):
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(
+    tmp_path, runtime, tiny_warm_state, uninterrupted
+):
     """SIGKILL `copc train` after its first checkpoint (step 10 of 24) — on Ray, the driver with its
     whole process group (raylet, GCS, actors); the same command resumes, and its history and
     evaluations equal those of an uninterrupted run (timings aside)."""
-    cfg = tiny_config(method="copc", staleness=2, steps=24)
+    from copc_core.train.warmstart import warm_start_key
+    from infra.checkpoints import load_checkpoint, save_checkpoint
+
+    cfg = KILLED_RUN
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(cfg.model_dump_json())
-    env = dict(os.environ, COPC_DATA_DIR=str(tmp_path / "data"))
+    data = tmp_path / "data"
+    save_checkpoint(data / "cache" / f"warmstart-{warm_start_key(cfg)}.pt", tiny_warm_state)  # the reference's
+    env = dict(os.environ, COPC_DATA_DIR=str(data))
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file), "--runtime", runtime]
-
-    def run(run_dir: pathlib.Path) -> dict:
-        out = subprocess.run([*cmd, "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads((run_dir / "history.json").read_text())
-
-    reference = run(tmp_path / "reference")  # also fills the warm-start cache
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
         [*cmd, "--run-dir", str(killed)],
@@ -312,19 +330,20 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(t
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()  # killed mid-way
-    from infra.checkpoints import load_checkpoint
-
     checkpoint = load_checkpoint(killed / "checkpoint.pt")
     at_kill = checkpoint["step"]
     assert 0 < at_kill < cfg.train.steps
-    resumed = run(killed)
+    out = subprocess.run([*cmd, "--run-dir", str(killed)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warm start (SFT)" not in out.stderr  # read from the cache, as the reference's
+    resumed = json.loads((killed / "history.json").read_text())
 
     def strip(records):
         return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
     assert len(resumed["steps"]) == cfg.train.steps
-    assert strip(resumed["steps"]) == strip(reference["steps"])
-    assert resumed["evals"] == reference["evals"]
+    assert strip(resumed["steps"]) == strip(uninterrupted["steps"])
+    assert resumed["evals"] == uninterrupted["evals"]
     # resumed, not restarted: the first steps are the killed process's own records, wall times included
     assert resumed["steps"][:at_kill] == checkpoint["history"]
 
