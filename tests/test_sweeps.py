@@ -367,7 +367,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     import sys
     import time
 
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=30, prefect_api=prefect_api)
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=10, prefect_api=prefect_api)
     cmd = [
         sys.executable,
         "-m",
