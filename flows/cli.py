@@ -347,9 +347,8 @@ def _train(cfg, root, runtime, run_dir, tracking_uri, ray_address, resume):
 
 
 def _print_run(summary, root, tracking_uri, run_id: str, run_dir: pathlib.Path) -> None:
-    from infra.tracking import run_link
+    from infra.tracking import mlflow_ui_for, run_link
     from infra.tracking import tracking_uri as resolve
-    from reports.build import mlflow_ui_for
 
     typer.echo(json.dumps(summary.model_dump(), indent=2))
     typer.echo(

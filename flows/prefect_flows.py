@@ -229,8 +229,7 @@ def copc_train(params: TrainParams) -> dict:
     from prefect.runtime import flow_run
 
     from infra.local_run import train_and_track
-    from infra.tracking import run_link, tracking_uri
-    from reports.build import mlflow_ui_for
+    from infra.tracking import mlflow_ui_for, run_link, tracking_uri
 
     config = params.run_config()
     data = _data(params.data_dir)
@@ -344,8 +343,7 @@ def copc_sweep(params: SweepParams) -> SweepOutcome:
     """Run a sweep: its warm start and each trial a node of this flow run as they happen, every trial's line in the
     log; publish its table as an artifact with links to MLflow and the report, and build the report."""
     from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
-    from infra.tracking import sweep_url
-    from reports.build import mlflow_ui_for
+    from infra.tracking import mlflow_ui_for, sweep_url
 
     logger = get_run_logger()
     name, space, base = params.resolved()

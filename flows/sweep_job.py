@@ -96,8 +96,7 @@ def run_sweep(
 def _announce(sweep, tracker, name: str, space: SweepSpace, hooks: SweepHooks) -> None:
     """Where to watch the sweep, said as it starts: a log line, the hook, and the Optuna study's attributes (which
     optuna-dashboard shows on the study's page)."""
-    from infra.tracking import sweep_url
-    from reports.build import mlflow_ui_for
+    from infra.tracking import mlflow_ui_for, sweep_url
 
     url = sweep_url(mlflow_ui_for(tracker.uri), tracker.experiment_id, name)
     hooks.say.info(f"MLflow: the sweep's runs at {url}")

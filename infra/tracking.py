@@ -449,6 +449,16 @@ def run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
     return f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
 
 
+DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"  # what `copc up` serves, on the same store
+
+
+def mlflow_ui_for(tracking_uri: str, mlflow_ui: str | None = None) -> str:
+    """Where run links point: an explicit UI, else the tracking server itself, else `copc up`'s."""
+    if mlflow_ui:
+        return mlflow_ui
+    return tracking_uri if tracking_uri.startswith(("http://", "https://")) else DEFAULT_MLFLOW_UI
+
+
 def run_link(tracking: str, mlflow_ui: str, run_id: str) -> str:
     """The UI URL of a logged run (its experiment read from the store)."""
     return run_url(mlflow_ui, MlflowClient(tracking).get_run(run_id).info.experiment_id, run_id)

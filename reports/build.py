@@ -9,18 +9,9 @@ from __future__ import annotations
 import os
 import pathlib
 
-from infra.tracking import Tracker, read_sweeps, sweep_url
+from infra.tracking import Tracker, mlflow_ui_for, read_sweeps, sweep_url
 from reports.frames import HISTORY_KEYS, curves_frame, runs_frame
 from reports.html import ReportData, render
-
-DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"  # what `copc up` serves, on the same store
-
-
-def mlflow_ui_for(tracking_uri: str, mlflow_ui: str | None = None) -> str:
-    """Where run links point: an explicit UI, else the tracking server itself, else `copc up`'s."""
-    if mlflow_ui:
-        return mlflow_ui
-    return tracking_uri if tracking_uri.startswith(("http://", "https://")) else DEFAULT_MLFLOW_UI
 
 
 def write_plotly_beside(page: pathlib.Path) -> pathlib.Path:
