@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 
 import optuna
 import pytest
@@ -402,7 +403,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
     before = {t.number: t.params for t in complete()}
     assert 1 <= len(before) < 4, "the kill must land mid-sweep"
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, why_it_failed(out.stderr)
     # the killed process's trials keep a fresh heartbeat for up to GRACE_S: the rerun waits, then runs them
     assert f"{len(before)} already finished" in out.stderr
     report = pathlib.Path(out.stdout.split("HTML report: ")[1].split()[0])  # the CLI ends with the report's path
@@ -461,6 +462,13 @@ def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_
     assert len({m.step for m in evals}) == len(evals) and 0 in {m.step for m in evals}  # each eval once, step 0 too
 
 
+def why_it_failed(stderr: str) -> str:
+    """What a failed process said: its exception lines (a rich traceback's box can fill the whole tail, and log lines
+    of its flow run can follow it) and the end of its stderr."""
+    said = [line for line in stderr.splitlines() if re.search(r"\w(Error|Exception)\b.*:", line)]
+    return "\n".join(said[-10:]) + "\n…\n" + stderr[-2000:]
+
+
 def _run_sweep_process(tmp_path, name, space_file, base_file, env):
     import subprocess
     import sys
@@ -511,7 +519,7 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
         dict(env, PREFECT_HOME=str(tmp_path / "prefect2")),
     )
     outs = [p.communicate(timeout=900) for p in (first, second)]
-    assert first.returncode == 0 and second.returncode == 0, [err[-3000:] for _, err in outs]
+    assert first.returncode == 0 and second.returncode == 0, [why_it_failed(err) for _, err in outs]
     study = optuna.load_study(study_name="both", storage=storage)
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * 4
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
