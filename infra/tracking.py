@@ -161,11 +161,12 @@ class Tracker:
             if t.critic_warmup_steps
             else ""
         )
-        self.client.set_tag(
+        self._set_tags(
             run_id,
-            "mlflow.note.content",
-            f"{run_name}: {warmup}{t.steps} learner steps, evaluated every {t.eval_every}; the curves grow from the "
-            "first learner step while it trains (refresh the page).",
+            {
+                "mlflow.note.content": f"{run_name}: {warmup}{t.steps} learner steps, evaluated every {t.eval_every}; "
+                "the curves grow from the first learner step while it trains (refresh the page)."
+            },
         )
         return run_id
 
@@ -203,7 +204,7 @@ class Tracker:
 
     def fail_trial(self, run_id: str, reason: str) -> None:
         """End a started run whose trial raised: the reason as the tag `fail_reason`, status FAILED."""
-        self.client.set_tag(run_id, "fail_reason", reason[:5000])
+        self._set_tags(run_id, {"fail_reason": reason[:5000]})
         self.client.set_terminated(run_id, "FAILED")
 
     def kill_orphans(self, parent_id: str, live: set[tuple[str, str]]) -> int:
@@ -217,9 +218,15 @@ class Tracker:
         )
         orphans = [r for r in runs if (r.data.tags.get("config_hash"), r.data.tags.get("method")) not in live]
         for r in orphans:
-            self.client.set_tag(r.info.run_id, "fail_reason", "interrupted: its sweep process stopped")
+            self._set_tags(r.info.run_id, {"fail_reason": "interrupted: its sweep process stopped"})
             self.client.set_terminated(r.info.run_id, "KILLED")
         return len(orphans)
+
+    def _set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Set tags through `log_batch`, not `set_tag`: MLflow's set_tag reads, then inserts, so two processes setting
+        one new tag at once (two sweep processes finishing one study both write its parent's note) fail the second
+        with a UNIQUE constraint; log_batch retries that race (MLflow's `_try_insert_tags`)."""
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
         for i in range(0, len(metrics), _BATCH):
@@ -292,7 +299,7 @@ class Tracker:
             parent_id, metrics=[Metric(sanitize_key(k), float(v), now, 0) for k, v in metrics.items()]
         )
         if table:
-            self.client.set_tag(parent_id, "mlflow.note.content", markdown_table(table)[:60_000])
+            self._set_tags(parent_id, {"mlflow.note.content": markdown_table(table)[:60_000]})
             self.client.log_dict(parent_id, {"cells": table}, "sweep_summary.json")
         self.client.set_terminated(parent_id, "FINISHED")
 
@@ -353,10 +360,15 @@ class Tracker:
                 )
             if recorded is None:
                 self.client.log_text(parent_id, plan["text"], f"plan/v{version}.md")
-                self.client.set_tag(parent_id, f"plan.v{version}.at", plan["at"])
-                self.client.set_tag(parent_id, f"plan.v{version}.runs_before", str(plan["runs_before"]))
-                self.client.set_tag(parent_id, f"plan.v{version}.sha256", sha256)
-        self.client.set_tag(parent_id, "plan_version", str(plans[-1]["version"]))
+                self._set_tags(
+                    parent_id,
+                    {
+                        f"plan.v{version}.at": plan["at"],
+                        f"plan.v{version}.runs_before": str(plan["runs_before"]),
+                        f"plan.v{version}.sha256": sha256,
+                    },
+                )
+        self._set_tags(parent_id, {"plan_version": str(plans[-1]["version"])})
 
     def log_report(self, parent_id: str, path: pathlib.Path) -> None:
         """Attach an HTML report to the sweep's parent run (a rerun replaces the file)."""

@@ -76,3 +76,34 @@ def test_a_logged_result_of_another_method_definition_is_not_recovered_as_todays
     assert MlflowClient(uri).get_run(run_id).data.tags["method_spec"] == config.method.spec_hash()
     assert list(tracker.logged_trials(parent, {key: config.method.spec_hash()})) == [key]  # today's: recovered
     assert tracker.logged_trials(parent, {key: "another-spec"}) == {}  # the method changed since: runs again
+
+
+def test_two_processes_closing_one_sweeps_parent_at_once_both_succeed(tmp_path):
+    """Two sweep processes on one study end together and both write its parent's note: MLflow's `set_tag` reads, then
+    inserts, so the later of two at once failed on a UNIQUE constraint (~1 in 10 here); the tracker's tags go through
+    `log_batch`, which retries that race. Threads stand in for the processes (one SQLite store, a client each)."""
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trackers = [Tracker(uri, artifact_dir=tmp_path / "a") for _ in range(2)]
+    parents = [trackers[0].parent_run(f"s{i}", {}) for i in range(40)]
+    start, errors = threading.Barrier(2), []
+
+    def close_all(tracker: Tracker) -> None:
+        for parent in parents:
+            start.wait()
+            try:
+                tracker.finish_parent(parent, {"sweep/trials_complete": 1.0}, [{"method": "copc", "n": 1}])
+            except Exception as err:  # noqa: BLE001 - every failure is the finding
+                errors.append(str(err)[:300])
+
+    threads = [threading.Thread(target=close_all, args=(t,)) for t in trackers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    client = MlflowClient(uri)
+    for parent in parents:
+        run = client.get_run(parent)
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.note.content"].startswith("| method |")
