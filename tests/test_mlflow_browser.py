@@ -33,7 +33,8 @@ def _logged_sweep(uri: str) -> tuple[Tracker, str, dict[str, str]]:
         history = [{"step": float(s), "reward/mean": 0.1 * s} for s in range(1, 6)]
         result = TrialResult(summary(objectives[name]), history, [], objective=objectives[name])
         tracker.log_trial(parent, "look", name, space.run_config(base, p), result, label=p.method)
-    tracker.finish_parent(parent, {"sweep/trials_complete": 4.0})
+    table = [{"method": "copc", "tau_policy": "inf", "tau_advantage": 2.0, "objective_mean": 0.8}]  # a cell
+    tracker.finish_parent(parent, {"sweep/trials_complete": 4.0}, table)
     return tracker, parent, objectives
 
 
@@ -100,4 +101,11 @@ def test_the_sweep_link_opens_its_runs_as_training_runs_with_the_points_columns_
         browser.get(run_url(uri, exp, parent))
         text = wait_for(browser, lambda d: "Model metrics" in page_text(d) and page_text(d), 60, "the run page")
         assert "look" in text and not any(g in text for g in GENAI), text[:1500]
+        # its description is the sweep's per-cell table (the note tag, rendered as a table), and a trial's says its run
+        at = text.index("Description\n")
+        assert text[at:].startswith("Description\nmethod tau_policy tau_advantage objective_mean\ncopc inf 2 0.8\n")
+        trial = tracker.client.search_runs([exp], "tags.copc_kind = 'trial'", max_results=1)[0]
+        browser.get(run_url(uri, exp, trial.info.run_id))
+        text = wait_for(browser, lambda d: "Description\n" in page_text(d) and page_text(d), 60, "a trial's page")
+        assert f"Description\n{trial.info.run_name}: 2 learner steps, evaluated every" in text, text[:1500]
         assert severe_errors(browser) == [] or all("users/current" in e["message"] for e in severe_errors(browser))
