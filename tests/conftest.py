@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -29,17 +30,27 @@ def tiny_warm_state():
     return warm_start(tiny_config())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def local_ray():
-    """One local Ray for the whole test session (2 CPUs): each start costs time and, on a loaded machine,
-    risks Ray's fixed startup limit; `init_ray` retries that, and nobody shuts this Ray down but here."""
-    import ray
-
+    """A local Ray in this process (2 CPUs), started by the first test that needs it (`init_ray` retries a start
+    that misses Ray's fixed startup limit on a loaded machine) and kept for the tests after it of the same module;
+    `pytest_runtest_teardown` below stops it."""
     from infra.ray_runtime import init_ray
 
     init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A Ray this process started (a `local_ray` test, a sweep run in process) stops once the next test is of another
+    module, or none is left, after the test's own fixtures are torn down: an idle local Ray costs ~3 CPU-s a minute,
+    and of six workers four kept one idle to the end of the run (docs/BENCHMARKS.md); the next module that needs one
+    starts its own (~6 CPU-s)."""
+    if nextitem is not None and getattr(nextitem, "module", None) is getattr(item, "module", None):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
