@@ -53,11 +53,12 @@ def pytest_runtest_teardown(item, nextitem):
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory):
-    """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for the test
-    session's `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running
-    has the same. PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
+    """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for a module's
+    `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running has the
+    same. Per module, not per session: it stops once a worker moves on (idle, it costs ~1 CPU-s a minute). Its
+    PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
     from infra.local_stack import temporary_prefect_server
 
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-session")) as api:
