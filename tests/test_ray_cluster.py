@@ -34,7 +34,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
     # Ray 2.60 heads enable token auth; every process of the cluster must then use it too
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    # local_ray: this session's own Ray, which the teardown must leave alone
+    # local_ray: this test process's own Ray, which the teardown must leave alone
     groups: list[int] = []  # process group of each `ray start`: its daemons and their workers
 
     def start(*args: str) -> None:
@@ -78,7 +78,7 @@ def test_two_node_cluster_runs_a_short_job(tmp_path, local_ray):
         assert "NODES 2 STEPS 2 EPISODES 32" in out.stdout
     finally:
         stop_groups(groups)
-    assert ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60) == 42  # the session's Ray still works
+    assert ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60) == 42  # the test process's own Ray still works
 
 
 def stop_groups(groups: list[int], grace_s: float = 15.0) -> None:
