@@ -40,17 +40,19 @@ def local_ray():
     init_ray(num_cpus=2)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """A Ray this process started (a `local_ray` test, a sweep run in process) stops once the next test is of another
-    module, or none is left, after the test's own fixtures are torn down: an idle local Ray costs ~3 CPU-s a minute,
-    and of six workers four kept one idle to the end of the run (docs/BENCHMARKS.md); the next module that needs one
-    starts its own (~6 CPU-s)."""
-    if nextitem is not None and getattr(nextitem, "module", None) is getattr(item, "module", None):
-        return
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    module, or none is left, after the test's own fixtures are torn down (even when one of them fails): an idle local
+    Ray costs ~3 CPU-s a minute, and of six workers four kept one idle to the end of the run (docs/BENCHMARKS.md); the
+    next module that needs one starts its own (~6 CPU-s)."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -102,8 +102,8 @@ def test_the_sweep_link_opens_its_runs_as_training_runs_with_the_points_columns_
         text = wait_for(browser, lambda d: "Model metrics" in page_text(d) and page_text(d), 60, "the run page")
         assert "look" in text and not any(g in text for g in GENAI), text[:1500]
         # its description is the sweep's per-cell table (the note tag, rendered as a table), and a trial's says its run
-        at = text.index("Description\n")
-        assert text[at:].startswith("Description\nmethod tau_policy tau_advantage objective_mean\ncopc inf 2 0.8\n")
+        table = "Description\nmethod tau_policy tau_advantage objective_mean\ncopc inf 2 0.8\n"
+        wait_for(browser, lambda d: table in page_text(d), 60, "the sweep's table as the run's description")
         trial = tracker.client.search_runs([exp], "tags.copc_kind = 'trial'", max_results=1)[0]
         browser.get(run_url(uri, exp, trial.info.run_id))
         text = wait_for(browser, lambda d: "Description\n" in page_text(d) and page_text(d), 60, "a trial's page")

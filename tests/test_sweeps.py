@@ -380,6 +380,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
         str(tmp_path / "space.json"),
         "--config",
         str(tmp_path / "base.json"),
+        "--max-parallel",
+        "2",  # two at a time on any machine: the first to finish lands the kill before the last ends
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
