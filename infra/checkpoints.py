@@ -129,6 +129,11 @@ def load_checkpoint(path: pathlib.Path) -> dict:
     )
 
 
+def warm_start_path(cache_dir: pathlib.Path, config: RunConfig) -> pathlib.Path:
+    """Where `cached_warm_start` keeps the warm start of `config` (one file per warm-start key)."""
+    return pathlib.Path(cache_dir) / f"warmstart-{warm_start_key(config)}.pt"
+
+
 def cached_warm_start(
     config: RunConfig, cache_dir: pathlib.Path, progress: Callable[[int, int, float], None] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -139,7 +144,7 @@ def cached_warm_start(
     the key alone, not of which process got there first (a CPU reduction split over two threads
     rounds differently). A damaged cache entry is recomputed.
     """
-    path = pathlib.Path(cache_dir) / f"warmstart-{warm_start_key(config)}.pt"
+    path = warm_start_path(cache_dir, config)
     if path.exists():
         try:
             return _read_verified(path)

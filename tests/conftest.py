@@ -23,6 +23,23 @@ def tiny_config(method: str = "copc", staleness: int = 0, steps: int = 4, seed: 
     )
 
 
+def in_process(cfg: RunConfig, warm: dict):
+    """`cfg` trained whole in this process at one torch thread, the Ray actors' and `copc train`'s default: the same
+    reductions, so the same floats as theirs. Returns the trainer."""
+    import torch
+
+    from copc_core.train.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = Trainer(cfg, warm)
+        trainer.run()
+        return trainer
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_warm_state():
     from copc_core.train.warmstart import warm_start

@@ -5,10 +5,9 @@ import ray
 import torch
 
 from copc_core.config import with_overrides
-from copc_core.train.trainer import Trainer
 from infra.packed_weights import unpack
 from infra.ray_runtime import LearnerActor, RayTrainer, RuntimeTimeoutError
-from tests.conftest import tiny_config
+from tests.conftest import in_process, tiny_config
 
 pytestmark = pytest.mark.slow
 HALF = {
@@ -33,17 +32,6 @@ def _ray(local_ray):
 
 def strip_times(records):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
-
-
-def in_process(cfg, warm):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the actors' setting: same reductions, same floats
-    try:
-        tr = Trainer(cfg, warm)
-        tr.run()
-        return tr
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("k", [0, 2])

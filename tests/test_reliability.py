@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from copc_core.config import RunConfig, with_overrides
 from copc_core.rl.methods import METHODS
-from tests.conftest import tiny_config
+from tests.conftest import in_process, tiny_config
 
 below_one = st.one_of(st.floats(max_value=0.999, allow_nan=False, allow_infinity=True), st.just(math.nan))
 negative_int = st.integers(max_value=-1)
@@ -286,15 +286,7 @@ KILLED_RUN = tiny_config(method="copc", staleness=2, steps=24)  # checkpoints at
 def uninterrupted(tiny_warm_state):
     """The killed run's config trained whole in this process, at the runtimes' one torch thread: both runtimes'
     `copc train` equal it float for float (tests/test_ray_runtime.py holds Ray to the in-process trainer)."""
-    from copc_core.train.trainer import Trainer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(KILLED_RUN.train.torch_threads)
-    try:
-        trainer = Trainer(KILLED_RUN, tiny_warm_state)
-        trainer.run()
-    finally:
-        torch.set_num_threads(threads)
+    trainer = in_process(KILLED_RUN, tiny_warm_state)
     return {"steps": trainer.history, "evals": trainer.evals}
 
 
@@ -306,14 +298,13 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(
     """SIGKILL `copc train` after its first checkpoint (step 10 of 24) — on Ray, the driver with its
     whole process group (raylet, GCS, actors); the same command resumes, and its history and
     evaluations equal those of an uninterrupted run (timings aside)."""
-    from copc_core.train.warmstart import warm_start_key
-    from infra.checkpoints import load_checkpoint, save_checkpoint
+    from infra.checkpoints import load_checkpoint, save_checkpoint, warm_start_path
 
     cfg = KILLED_RUN
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(cfg.model_dump_json())
     data = tmp_path / "data"
-    save_checkpoint(data / "cache" / f"warmstart-{warm_start_key(cfg)}.pt", tiny_warm_state)  # the reference's
+    save_checkpoint(warm_start_path(data / "cache", cfg), tiny_warm_state)  # the reference's
     env = dict(os.environ, COPC_DATA_DIR=str(data))
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file), "--runtime", runtime]
     killed = tmp_path / "killed"
