@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-# In pytest-xdist's workers (the README's test command: six on two cores), one OpenMP thread in each test process and
+# In pytest-xdist's workers (the README's test command: three on two cores), one OpenMP thread in each test process and
 # in the processes it starts, set before torch is imported: two a process cost 2 CPU-minutes of the run
 # (docs/BENCHMARKS.md). Training processes set their own count (`train.torch_threads`, 1 by default). A run without
 # workers (the vLLM lane, whose CPU engine has its own thread binding) keeps the default.
@@ -72,15 +72,27 @@ def pytest_runtest_teardown(item, nextitem):
                 ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def used_stores(tmp_path_factory):
+    """A used Prefect home and MLflow store to copy into a test's data folder (tests/stack_helpers.py UsedStores):
+    each made once a run, shared by pytest-xdist's workers."""
+    from tests.stack_helpers import UsedStores
+
+    base = tmp_path_factory.getbasetemp()
+    return UsedStores((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "used-stores")
+
+
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
+def prefect_api(tmp_path_factory, used_stores):
     """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for a module's
     `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running has the
     same. Per module, not per session: it stops once a worker moves on (idle, it costs ~1 CPU-s a minute). Its
     PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
     from infra.local_stack import temporary_prefect_server
 
-    with temporary_prefect_server(tmp_path_factory.mktemp("prefect-session")) as api:
+    data = tmp_path_factory.mktemp("prefect-session")
+    used_stores.prefect(data / "prefect-temporary")
+    with temporary_prefect_server(data) as api:
         os.environ.pop("PREFECT_API_URL", None)
         yield api
 
@@ -103,11 +115,17 @@ def pytest_configure(config):
         restrict_auth_token()
 
 
+# The files whose tests take longest from start to end, mostly waiting on servers, flow runs or a second Ray node
+# (~145 s and ~55 s in a three-worker run): first of all. Started in file order they began after ~290 s and the run
+# ended on them, one worker busy and two idle for ~50 s (docs/BENCHMARKS.md).
+LONGEST_FIRST = ("test_prefect_browser.py", "test_ray_cluster.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first, so that pytest-xdist's workers (the README's test command) end on short tests, not on
-    one long test alone; and `vllm` tests need vLLM that runs here (its CPU build, or its CUDA build and a GPU):
-    skipped, with the reason, where it does not."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each file's order kept
+    """The slow tests first (those of LONGEST_FIRST before the others; each file's order kept), so that pytest-xdist's
+    workers (the README's test command) end on short tests, not on one long test alone; and `vllm` tests need vLLM
+    that runs here (its CPU build, or its CUDA build and a GPU): skipped, with the reason, where it does not."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.path.name not in LONGEST_FIRST))
     _skip_vllm_tests_without_vllm(items)
 
 

@@ -1,5 +1,6 @@
 """Shared by the tests that run real servers: free loopback ports and `copc serve` against a stack."""
 
+import contextlib
 import os
 import pathlib
 import socket
@@ -14,6 +15,65 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class UsedStores:
+    """A Prefect home and an MLflow store as a data folder holds them once it has been used (a real Prefect server
+    started on it and stopped; a real MLflow client opened it): migrated, with nothing of a run. On a fresh folder
+    the first Prefect server runs 116 migrations and registers its block types (~5.5 of its ~9 CPU-s to start) and
+    the first MLflow client MLflow's migrations (~1.4 CPU-s); the tests made ~40 fresh stores a run. A test that is
+    not about a fresh data folder copies these in place first (the `used_stores` fixture). Each is made once a run,
+    when first asked for, under `root`, which pytest-xdist's workers share (a file lock)."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+
+    def _made(self, kind: str, make) -> pathlib.Path:
+        from filelock import FileLock
+
+        made = self.root / kind
+        self.root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.root / f"{kind}.lock")):
+            if not (made / "done").exists():
+                made.mkdir(parents=True, exist_ok=True)
+                make(made)
+                (made / "done").touch()
+        return made
+
+    def prefect(self, home: pathlib.Path) -> pathlib.Path:
+        """A used Prefect home at `home` (where PREFECT_HOME points the server: `data/prefect` for `copc up`,
+        `data/prefect-temporary` for a command's own server)."""
+        from infra.local_stack import temporary_prefect_server
+
+        def make(made: pathlib.Path) -> None:
+            with temporary_prefect_server(made):
+                pass
+
+        used = self._made("prefect", make) / "prefect-temporary"
+        home.mkdir(parents=True, exist_ok=True)
+        _copy_sqlite(used / "prefect.db", home / "prefect.db")
+        (home / "memo_store.toml").write_bytes((used / "memo_store.toml").read_bytes())
+        return home
+
+    def mlflow(self, db: pathlib.Path) -> str:
+        """A used MLflow store at `db`; its tracking URI."""
+        from mlflow.tracking import MlflowClient
+
+        def make(made: pathlib.Path) -> None:
+            MlflowClient(f"sqlite:///{made / 'mlflow.db'}").search_experiments()
+
+        db.parent.mkdir(parents=True, exist_ok=True)
+        _copy_sqlite(self._made("mlflow", make) / "mlflow.db", db)
+        return f"sqlite:///{db}"
+
+
+def _copy_sqlite(src: pathlib.Path, dest: pathlib.Path) -> None:
+    """`src` copied whole to the new file `dest` by SQLite itself (its write-ahead log included)."""
+    import sqlite3
+
+    assert not dest.exists(), dest
+    with contextlib.closing(sqlite3.connect(src)) as a, contextlib.closing(sqlite3.connect(dest)) as b:
+        a.backup(b)
 
 
 def stack_env(stack, data: pathlib.Path, **extra: str) -> dict[str, str]:
@@ -65,8 +125,9 @@ def start_up(data: pathlib.Path, prefect_port: int, mlflow_port: int) -> subproc
 
 
 def mlflow_server(data: pathlib.Path):
-    """A real MLflow server on a free loopback port over `data`'s SQLite store (as `copc up` starts it): a context
-    manager yielding its URL."""
+    """A real MLflow server on a free loopback port over `data`'s SQLite store, with `copc up`'s command and
+    environment (without it, MLflow 3.17 starts its 7 job consumers: ~23 CPU-s a server): a context manager yielding
+    its URL."""
     import contextlib
 
     from infra.local_stack import LocalStack, wait_healthy
@@ -75,7 +136,7 @@ def mlflow_server(data: pathlib.Path):
     def serve():
         stack = LocalStack(data, "127.0.0.1", free_port(), free_port())
         log = open(data / "mlflow-server.log", "ab")
-        proc = subprocess.Popen(stack.mlflow_command(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(stack.mlflow_command(), env=stack.mlflow_env(), stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(f"{stack.mlflow_url}/health", 180, "MLflow server", proc)
             yield stack.mlflow_url

@@ -111,7 +111,7 @@ def test_render_is_self_contained_and_escapes_the_spec():
 
 
 @pytest.mark.slow
-def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
+def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path, used_stores):
     from copc_core.analysis.token_mdp import AnalysisSpec, decompose, grid, make_mdp
     from copc_core.config import MethodConfig
 
@@ -135,6 +135,7 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path):
         "--out",
         str(out),
     ]
+    used_stores.prefect(tmp_path / "prefect-temporary")  # the command's own Prefect server's home
     res = copc(*args, data_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"HTML report: {out}" in res.stdout

@@ -172,7 +172,7 @@ def _check_forms(browser, stack, tmp_path) -> None:
     screenshot(browser, "prefect-sweep-form.png", tmp_path)
 
 
-def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(browser, tmp_path):
+def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(browser, tmp_path, used_stores):
     """`copc up` and `copc serve` on ports other than Prefect's 4200, as a person and as a caller of the API meet
     them: the UI finds its own API (it said "Can't connect to Server API at http://127.0.0.1:4200/api" until `copc up`
     pointed it there); short forms and deployment names a person tells apart; sweeps triggered through the API run
@@ -180,6 +180,7 @@ def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(
     graph shows its warm start and each trial as nodes (it read "has not yet generated any task or subflow runs"
     through its warm start, and trials appeared only after they ended). One stack and one `copc serve` for all of it:
     each costs ~15 CPU-s to start."""
+    used_stores.prefect(tmp_path / "prefect")
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
         assert not stack.prefect_url.endswith(":4200")
         browser.get(stack.prefect_url + "/dashboard")

@@ -265,7 +265,7 @@ def test_late_training_section_draws_the_survival_steps_and_the_collapse_table(b
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
 
 
-def _planned_sweep(tmp_path, monkeypatch, v1: str, v2: str) -> tuple[str, str, list[bool]]:
+def _planned_sweep(tmp_path, monkeypatch, stores, v1: str, v2: str) -> tuple[str, str, list[bool]]:
     """Sweep "planned" (COPC's 2 × 2 grid) run under plan v1 on seed 0, grown by seed 1 under v2, then run again under
     v2; each trial a made-up result (no training, no Ray). Returns the stores and, per run that trained, whether the
     study had no plan yet when its trials were asked."""
@@ -279,7 +279,7 @@ def _planned_sweep(tmp_path, monkeypatch, v1: str, v2: str) -> tuple[str, str, l
     from tests.conftest import tiny_config
     from tests.test_sweeps import summary
 
-    storage, tracking = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage, tracking = f"sqlite:///{tmp_path / 'optuna.db'}", stores.mlflow(tmp_path / "mlflow.db")
     asked_before_plan = []
 
     def fake_trials(configs, cache, done, max_parallel=None, on_start=None):
@@ -302,7 +302,9 @@ def _planned_sweep(tmp_path, monkeypatch, v1: str, v2: str) -> tuple[str, str, l
     return storage, tracking, asked_before_plan
 
 
-def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_report(browser, tmp_path, monkeypatch):
+def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_report(
+    browser, tmp_path, monkeypatch, used_stores
+):
     """`--plan` before the data: v1 is on the study and the MLflow parent before the first trial, each trial carries
     the version it ran under; a changed plan is v2 beside v1; the same plan again adds nothing. The report (read from
     MLflow alone) lists both versions with the runs before and under each, shows the latest text, and marks the
@@ -314,10 +316,11 @@ def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_repo
     from selenium.webdriver.common.by import By
 
     from reports.build import build_report
+    from tests.browser import wait_for
 
     v1 = "# Plan\nRead `coupling` and `late`; collapse is counted apart.\n"
     v2 = v1 + "Added before seed 1: `methods`.\n"
-    storage, tracking, asked_before_plan = _planned_sweep(tmp_path, monkeypatch, v1, v2)
+    storage, tracking, asked_before_plan = _planned_sweep(tmp_path, monkeypatch, used_stores, v1, v2)
     assert asked_before_plan == [False, False]  # the plan was on the study before any trial ran
     study = optuna.load_study(study_name="planned", storage=storage)
     plans = study.user_attrs["plans"]
@@ -337,7 +340,9 @@ def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_repo
     assert trial_tags == ["1"] * 8 + ["2"] * 8
 
     browser.get(build_report(tracking, ["planned"], tmp_path / "reports" / "planned.html").as_uri())
-    rows = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "#plans tr")[1:]]
+    # waited for, not read at once: in one full run the table read empty (on a timeout the page's text shows why)
+    found = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#plans tr")[1:], 30, "the plan table")
+    rows = [r.text.split() for r in found]
     assert [r[:2] + r[-2:] for r in rows] == [["planned", "v1", "0", "8"], ["planned", "v2", "8", "8"]]
     assert browser.find_element(By.CSS_SELECTOR, "pre.plan").text == v2.strip()
     marks = {

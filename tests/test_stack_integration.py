@@ -24,13 +24,14 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(tmp_path):
+def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(tmp_path, used_stores):
     """CSRF protection on, CORS limited to the UI's own origin, /ui-settings pointing at this port; the
     servers die with the process that started them."""
     import urllib.error
     import urllib.request
 
     port = free_port()
+    used_stores.prefect(tmp_path / "prefect")
     with LocalStack(tmp_path, "127.0.0.1", port, free_port()) as stack:
         api = f"{stack.prefect_url}/api"
         with urllib.request.urlopen(f"{stack.prefect_url}/ui-settings", timeout=10) as r:
@@ -67,11 +68,12 @@ def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(t
         assert requests.get(f"{stack.prefect_url}/", timeout=30).status_code == 200  # the UI itself, on its own Host
 
 
-def test_the_servers_die_with_the_process_that_started_them(tmp_path):
+def test_the_servers_die_with_the_process_that_started_them(tmp_path, used_stores):
     """`copc up` SIGKILLed: its Prefect and MLflow servers do not outlive it."""
     import signal
 
     pp, mp = free_port(), free_port()
+    used_stores.prefect(tmp_path / "prefect")
     proc = start_up(tmp_path, pp, mp)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -94,11 +96,12 @@ def test_a_server_that_is_down_gives_a_clear_error():
         wait_healthy(f"http://127.0.0.1:{port}/health", 2, "MLflow server")
 
 
-def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path):
+def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path, used_stores):
     import signal
     import urllib.request
 
     pp, mp = free_port(), free_port()
+    used_stores.prefect(tmp_path / "prefect")
     proc = start_up(tmp_path, pp, mp)
     try:
         lines = []
@@ -123,16 +126,17 @@ def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path
             proc.kill()
 
 
-def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path):
+def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path, tiny_warm_state, used_stores):
     """Without PREFECT_API_URL a command starts a temporary Prefect server; SIGKILL on the command (alone,
     not its process group) ends the server too."""
     import re
     import signal
 
-    from infra.checkpoints import cached_warm_start
+    from infra.checkpoints import save_checkpoint, warm_start_path
 
     base = tiny_config(steps=200)
-    cached_warm_start(base, tmp_path / "cache")
+    save_checkpoint(warm_start_path(tmp_path / "cache", base), tiny_warm_state)
+    used_stores.prefect(tmp_path / "prefect-temporary")
     (tmp_path / "base.json").write_text(base.model_dump_json())
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"COPC_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
@@ -232,12 +236,13 @@ def test_copc_dashboard_without_a_storage_exits_2(tmp_path):
     assert out.returncode == 2 and "run a sweep first" in out.stderr and not (tmp_path / "optuna.db").exists()
 
 
-def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(tmp_path):
+def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(tmp_path, used_stores):
     """Prefect's own shutdown of `serve` retries the API for over a minute and ends in a traceback when
     the server is gone; `copc serve` checks the API first and exits at once, saying why."""
     import signal
 
     log = tmp_path / "serve.log"
+    used_stores.prefect(tmp_path / "prefect")
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
         server = start_serve(stack_env(stack, tmp_path), log)
         assert "copc-sweep/embedded-default" in log.read_text(), log.read_text()[-3000:]

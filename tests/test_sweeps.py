@@ -255,14 +255,14 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
     assert len(done_b) == 2 and done_a == []
 
 
-def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state):
+def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state, used_stores):
     from flows.sweep_job import run_sweep
     from infra.checkpoints import save_checkpoint, warm_start_path
 
     base = tiny_config()
     save_checkpoint(warm_start_path(tmp_path / "cache", base), tiny_warm_state)
     space = tiny_space()
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = used_stores.mlflow(tmp_path / "mlflow.db")
     first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
     assert len([o for o in first.outcomes if o.state == "COMPLETE"]) == 4
     client = MlflowClient(tracking)
@@ -309,7 +309,9 @@ def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path,
         read_sweeps(tracking, ["nope"], [])
 
 
-def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(tmp_path, tiny_warm_state):
+def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_such(
+    tmp_path, tiny_warm_state, used_stores
+):
     """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
     own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
     from flows.sweep_job import grid_table, run_sweep
@@ -322,7 +324,7 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     space = tiny_space(schedule="bounded", tau_advantage=[2.0], staleness=[0, 2], steps=3)
     assert space.run_config(base, space.grid()[1]).train.eta == 2
     assert space.run_config(base, space.grid()[1]).train.staleness == 0
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = used_stores.mlflow(tmp_path / "mlflow.db")
     result = run_sweep(space, "b", base, tmp_path, tracking=tracking)
     assert [o.state for o in result.outcomes] == ["COMPLETE", "COMPLETE"]
     for outcome in result.outcomes:
@@ -336,16 +338,18 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     assert "η = 2" in grid_table(result.study, space)
 
 
-def _sweep_files(tmp_path, warm_state, steps: int, prefect_api: str) -> dict[str, str]:
-    """base.json, space.json and the cached warm start for a `copc sweep` subprocess; its environment (a data folder of
-    its own, no MLflow server inherited, the session's Prefect server, heartbeats every second judged dead after 6 s
-    instead of 30, so that a rerun after a kill waits 6 s for the dead process's trials)."""
+def _sweep_files(tmp_path, warm_state, steps: int, prefect_api: str, stores) -> dict[str, str]:
+    """base.json, space.json, the cached warm start and a used MLflow store for a `copc sweep` subprocess; its
+    environment (a data folder of its own, no MLflow server inherited, the session's Prefect server, heartbeats every
+    second judged dead after 6 s instead of 30, so that a rerun after a kill waits 6 s for the dead process's
+    trials)."""
     import os
 
     from infra.checkpoints import save_checkpoint, warm_start_path
 
     base = tiny_config(steps=steps)
     save_checkpoint(warm_start_path(tmp_path / "cache", base), warm_state)
+    stores.mlflow(tmp_path / "mlflow.db")
     (tmp_path / "base.json").write_text(base.model_dump_json())
     (tmp_path / "space.json").write_text(tiny_space(steps=steps).model_dump_json())
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
@@ -358,14 +362,14 @@ def _sweep_files(tmp_path, warm_state, steps: int, prefect_api: str) -> dict[str
     }
 
 
-def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state, prefect_api):
+def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny_warm_state, prefect_api, used_stores):
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=10, prefect_api=prefect_api)
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=10, prefect_api=prefect_api, stores=used_stores)
     cmd = [
         sys.executable,
         "-m",
@@ -420,7 +424,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, tiny
 
 
 def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_trains(
-    tmp_path, tiny_warm_state, prefect_api
+    tmp_path, tiny_warm_state, prefect_api, used_stores
 ):
     """Child runs were written after each trial ended (durations of 0.6 s for trials of 30-55 s): no curve grew while
     a sweep trained. Now the run is created as the trial starts and the training process streams its step records;
@@ -428,7 +432,7 @@ def test_a_trials_mlflow_run_exists_from_its_start_and_its_curves_grow_while_it_
     import time
 
     steps = 80
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=steps, prefect_api=prefect_api) | {
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=steps, prefect_api=prefect_api, stores=used_stores) | {
         "COPC_MLFLOW_STREAM_S": "0.2"
     }  # sends the test sees
     (tmp_path / "space.json").write_text(tiny_space(tau_advantage=[1.0], staleness=[0], steps=steps).model_dump_json())
@@ -494,12 +498,12 @@ def _run_sweep_process(tmp_path, name, space_file, base_file, env):
     )
 
 
-def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state, prefect_api):
+def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_state, prefect_api, used_stores):
     """The second joins: it runs what nobody runs and waits for the rest; no trial is failed for being
     live, no result is lost, and MLflow holds one run per point."""
     import time
 
-    env = _sweep_files(tmp_path, tiny_warm_state, steps=12, prefect_api=prefect_api)
+    env = _sweep_files(tmp_path, tiny_warm_state, steps=12, prefect_api=prefect_api, stores=used_stores)
     first = _run_sweep_process(tmp_path, "both", tmp_path / "space.json", tmp_path / "base.json", env)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     deadline = time.time() + 600

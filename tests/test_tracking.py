@@ -15,8 +15,8 @@ def _records(n: int) -> tuple[list[dict], list[dict]]:
     return history, evals
 
 
-def test_a_streamed_run_holds_every_step_once_after_it_is_finished(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_streamed_run_holds_every_step_once_after_it_is_finished(tmp_path, used_stores):
+    uri = used_stores.mlflow(tmp_path / "mlflow.db")
     tracker = Tracker(uri)
     run_id = tracker.start_trial(None, None, "streamed", tiny_config())
     history, evals = _records(6)
@@ -37,8 +37,8 @@ def test_a_streamed_run_holds_every_step_once_after_it_is_finished(tmp_path):
     assert run.info.status == "FINISHED" and run.data.metrics["summary/objective"] == 0.5
 
 
-def test_a_store_that_refuses_the_stream_stops_it_and_the_finished_run_gets_every_record(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_store_that_refuses_the_stream_stops_it_and_the_finished_run_gets_every_record(tmp_path, capsys, used_stores):
+    uri = used_stores.mlflow(tmp_path / "mlflow.db")
     tracker = Tracker(uri)
     run_id = tracker.start_trial(None, None, "refused", tiny_config())
     history, evals = _records(4)
@@ -65,8 +65,8 @@ def test_the_stream_interval_is_read_from_the_environment_and_a_bad_one_refused(
             stream_every_s()
 
 
-def test_a_logged_result_of_another_method_definition_is_not_recovered_as_todays(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_logged_result_of_another_method_definition_is_not_recovered_as_todays(tmp_path, used_stores):
+    uri = used_stores.mlflow(tmp_path / "mlflow.db")
     tracker = Tracker(uri)
     parent = tracker.parent_run("s", {"space": {}, "base": {}})
     config = tiny_config()
@@ -78,13 +78,13 @@ def test_a_logged_result_of_another_method_definition_is_not_recovered_as_todays
     assert tracker.logged_trials(parent, {key: "another-spec"}) == {}  # the method changed since: runs again
 
 
-def test_two_processes_closing_one_sweeps_parent_at_once_both_succeed(tmp_path):
+def test_two_processes_closing_one_sweeps_parent_at_once_both_succeed(tmp_path, used_stores):
     """Two sweep processes on one study end together and both write its parent's note: MLflow's `set_tag` reads, then
     inserts, so the later of two at once failed on a UNIQUE constraint (~1 in 10 here); the tracker's tags go through
     `log_batch`, which retries that race. Threads stand in for the processes (one SQLite store, a client each)."""
     import threading
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = used_stores.mlflow(tmp_path / "mlflow.db")
     trackers = [Tracker(uri, artifact_dir=tmp_path / "a") for _ in range(2)]
     parents = [trackers[0].parent_run(f"s{i}", {}) for i in range(40)]
     start, errors = threading.Barrier(2), []
