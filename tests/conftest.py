@@ -73,13 +73,15 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
-def used_stores(tmp_path_factory):
-    """A used Prefect home and MLflow store to copy into a test's data folder (tests/stack_helpers.py UsedStores):
-    each made once a run, shared by pytest-xdist's workers."""
+def used_stores(request, tmp_path_factory):
+    """A used Prefect database and MLflow store to copy into a test's data folder (tests/stack_helpers.py
+    UsedStores): each made once a run, shared by pytest-xdist's workers, whose own temporary folders are
+    `<the run's>/popen-gwN`: the run's is their parent."""
     from tests.stack_helpers import UsedStores
 
     base = tmp_path_factory.getbasetemp()
-    return UsedStores((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "used-stores")
+    run_folder = base.parent if hasattr(request.config, "workerinput") else base
+    return UsedStores(run_folder / "used-stores")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,8 @@ def prefect_api(tmp_path_factory, used_stores):
     """One Prefect server (`flows.prefect_server`, as `copc up` and a command's temporary server run it) for a module's
     `copc sweep` processes, each of which would start a temporary one (~10 s): a user with `copc up` running has the
     same. Per module, not per session: it stops once a worker moves on (idle, it costs ~1 CPU-s a minute). Its
-    PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts."""
+    PREFECT_API_URL is left unset in this process; a test hands the URL to the processes it starts. Its database is a
+    used one (`used_stores`)."""
     from infra.local_stack import temporary_prefect_server
 
     data = tmp_path_factory.mktemp("prefect-session")
@@ -117,7 +120,8 @@ def pytest_configure(config):
 
 # The files whose tests take longest from start to end, mostly waiting on servers, flow runs or a second Ray node
 # (~145 s and ~55 s in a three-worker run): first of all. Started in file order they began after ~290 s and the run
-# ended on them, one worker busy and two idle for ~50 s (docs/BENCHMARKS.md).
+# ended on them, one worker busy and two idle for ~50 s (docs/BENCHMARKS.md). First, both go to the first worker
+# (pytest-xdist's worksteal hands each worker a third of the list), one after the other, done by ~210 s.
 LONGEST_FIRST = ("test_prefect_browser.py", "test_ray_cluster.py")
 
 

@@ -3,6 +3,7 @@
 import contextlib
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,12 +19,12 @@ def free_port() -> int:
 
 
 class UsedStores:
-    """A Prefect home and an MLflow store as a data folder holds them once it has been used (a real Prefect server
-    started on it and stopped; a real MLflow client opened it): migrated, with nothing of a run. On a fresh folder
-    the first Prefect server runs 116 migrations and registers its block types (~5.5 of its ~9 CPU-s to start) and
-    the first MLflow client MLflow's migrations (~1.4 CPU-s); the tests made ~40 fresh stores a run. A test that is
-    not about a fresh data folder copies these in place first (the `used_stores` fixture). Each is made once a run,
-    when first asked for, under `root`, which pytest-xdist's workers share (a file lock)."""
+    """A Prefect database and an MLflow store as a data folder holds them once it has been used (a real Prefect
+    server started on it and stopped; a real MLflow client opened it): migrated, with nothing of a run. On a fresh
+    folder the first Prefect server runs 116 migrations (~4 of its ~9 CPU-s to start) and the first MLflow client
+    MLflow's (~1.4 CPU-s); the tests made ~40 fresh stores a run. A test that is not about a fresh data folder copies
+    these in place first (the `used_stores` fixture). Each is made once a run, when first asked for, under `root`,
+    which pytest-xdist's workers share (a file lock); a failed making is never taken for a made one."""
 
     def __init__(self, root: pathlib.Path):
         self.root = root
@@ -34,15 +35,18 @@ class UsedStores:
         made = self.root / kind
         self.root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.root / f"{kind}.lock")):
-            if not (made / "done").exists():
-                made.mkdir(parents=True, exist_ok=True)
-                make(made)
-                (made / "done").touch()
+            if not made.exists():
+                partial = self.root / f"{kind}.partial"
+                shutil.rmtree(partial, ignore_errors=True)  # what a failed making left
+                partial.mkdir()
+                make(partial)
+                os.replace(partial, made)
         return made
 
     def prefect(self, home: pathlib.Path) -> pathlib.Path:
-        """A used Prefect home at `home` (where PREFECT_HOME points the server: `data/prefect` for `copc up`,
-        `data/prefect-temporary` for a command's own server)."""
+        """A used Prefect database in `home` (where PREFECT_HOME points the server: `data/prefect` for `copc up`,
+        `data/prefect-temporary` for a command's own server). Prefect's memo of its block types is not copied: it
+        holds the database's path, so a copy elsewhere registers them again (~1.5 CPU-s)."""
         from infra.local_stack import temporary_prefect_server
 
         def make(made: pathlib.Path) -> None:
@@ -52,7 +56,6 @@ class UsedStores:
         used = self._made("prefect", make) / "prefect-temporary"
         home.mkdir(parents=True, exist_ok=True)
         _copy_sqlite(used / "prefect.db", home / "prefect.db")
-        (home / "memo_store.toml").write_bytes((used / "memo_store.toml").read_bytes())
         return home
 
     def mlflow(self, db: pathlib.Path) -> str:
@@ -68,11 +71,15 @@ class UsedStores:
 
 
 def _copy_sqlite(src: pathlib.Path, dest: pathlib.Path) -> None:
-    """`src` copied whole to the new file `dest` by SQLite itself (its write-ahead log included)."""
+    """`src` copied whole to the new file `dest` by SQLite itself (its write-ahead log included); a missing `src`
+    fails (opened read-only, SQLite would not make an empty one)."""
     import sqlite3
 
     assert not dest.exists(), dest
-    with contextlib.closing(sqlite3.connect(src)) as a, contextlib.closing(sqlite3.connect(dest)) as b:
+    with (
+        contextlib.closing(sqlite3.connect(f"file:{src}?mode=ro", uri=True)) as a,
+        contextlib.closing(sqlite3.connect(dest)) as b,
+    ):
         a.backup(b)
 
 

@@ -34,6 +34,13 @@ def copc_here(*args, data_dir, **extra_env) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
+@pytest.fixture
+def used_mlflow_store(tmp_path, used_stores):
+    """The data folder's MLflow store as a folder used before holds it (~1.4 CPU-s of migrations fewer a test): for the
+    tests about something else; the tiny run end to end starts on a fresh folder."""
+    used_stores.mlflow(tmp_path / "mlflow.db")
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -112,8 +119,7 @@ def test_tiny_run_end_to_end_and_rerun_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it(tmp_path, used_stores):
-    used_stores.mlflow(tmp_path / "mlflow.db")  # a used data folder (the tiny run end to end starts on a fresh one)
+def test_a_damaged_checkpoint_resumes_from_the_previous_one_or_exits_2_naming_it(tmp_path, used_mlflow_store):
     from infra.checkpoints import previous_path
 
     cfg_file = tmp_path / "tiny.json"
@@ -152,8 +158,7 @@ def test_methods_lists_the_registry(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_flags_reach_the_config(tmp_path, used_stores):
-    used_stores.mlflow(tmp_path / "mlflow.db")  # a used data folder (the tiny run end to end starts on a fresh one)
+def test_train_flags_reach_the_config(tmp_path, used_mlflow_store):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
     run_dir = tmp_path / "run"
@@ -184,8 +189,7 @@ def test_train_flags_reach_the_config(tmp_path, used_stores):
 
 
 @pytest.mark.slow
-def test_tiny_run_on_the_ray_runtime(tmp_path, used_stores):
-    used_stores.mlflow(tmp_path / "mlflow.db")  # a used data folder (the tiny run end to end starts on a fresh one)
+def test_tiny_run_on_the_ray_runtime(tmp_path, used_mlflow_store):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(tiny_config(method="copc", staleness=1, steps=2).model_dump_json())
     out = copc(
@@ -218,8 +222,7 @@ def test_report_of_an_unknown_sweep_exits_2_naming_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_task_search_switches_the_task_section(tmp_path, used_stores):
-    used_stores.mlflow(tmp_path / "mlflow.db")  # a used data folder (the tiny run end to end starts on a fresh one)
+def test_train_task_search_switches_the_task_section(tmp_path, used_mlflow_store):
     from copc_core.config import SearchTaskConfig, WarmStartConfig
 
     cfg = tiny_config(steps=1).model_copy(update={"warm_start": WarmStartConfig(steps=2, batch_size=8)})
@@ -325,9 +328,8 @@ def test_every_deployments_parameters_satisfy_the_schema_prefect_checks_them_aga
 
 
 @pytest.mark.slow
-def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path, used_stores):
+def test_a_tiny_hf_model_is_written_and_trained_through_the_cli(tmp_path, used_mlflow_store):
     """`copc hf-tiny` builds a model from a config (no download); `copc train --hf-model` runs COPC on it."""
-    used_stores.mlflow(tmp_path / "mlflow.db")  # a used data folder (the tiny run end to end starts on a fresh one)
     model_dir = tmp_path / "tiny-hf"
     out = copc("hf-tiny", str(model_dir), "--hidden", "32", data_dir=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -339,8 +339,9 @@ def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_repo
     trial_tags = sorted(r.data.tags["plan_version"] for r in client.search_runs(["1"], "tags.copc_kind = 'trial'"))
     assert trial_tags == ["1"] * 8 + ["2"] * 8
 
-    browser.get(build_report(tracking, ["planned"], tmp_path / "reports" / "planned.html").as_uri())
-    # waited for, not read at once: in one full run the table read empty (on a timeout the page's text shows why)
+    report = build_report(tracking, ["planned"], tmp_path / "reports" / "planned.html")
+    assert '<table id="plans">' in report.read_text()  # in the file; then in the browser, waited for: in one full
+    browser.get(report.as_uri())  # run the table read empty there (on a timeout the page's text shows why)
     found = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#plans tr")[1:], 30, "the plan table")
     rows = [r.text.split() for r in found]
     assert [r[:2] + r[-2:] for r in rows] == [["planned", "v1", "0", "8"], ["planned", "v2", "8", "8"]]

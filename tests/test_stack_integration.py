@@ -96,12 +96,13 @@ def test_a_server_that_is_down_gives_a_clear_error():
         wait_healthy(f"http://127.0.0.1:{port}/health", 2, "MLflow server")
 
 
-def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path, used_stores):
+def test_copc_up_prints_urls_binds_loopback_and_stops_cleanly_on_ctrl_c(tmp_path):
+    """On a fresh data folder, as a new user's first `copc up` (its Prefect server migrates its database first; the
+    other stack tests copy a used one in)."""
     import signal
     import urllib.request
 
     pp, mp = free_port(), free_port()
-    used_stores.prefect(tmp_path / "prefect")
     proc = start_up(tmp_path, pp, mp)
     try:
         lines = []
