@@ -90,6 +90,11 @@ def prefect_command(host: str, port: int, allowed_hosts: str | None = None) -> l
     return [sys.executable, "-m", "flows.prefect_server", "--host", host, "--port", str(port), *extra]
 
 
+def prefect_home(data: pathlib.Path, temporary: bool = False) -> pathlib.Path:
+    """Where a data folder's Prefect server keeps its database: `copc up`'s, or a command's own temporary server's."""
+    return pathlib.Path(data) / ("prefect-temporary" if temporary else "prefect")
+
+
 class LocalStack:
     """A Prefect server and an MLflow server on `host`, with their own protections on.
 
@@ -125,7 +130,7 @@ class LocalStack:
     def prefect_env(self) -> dict[str, str]:
         env = dict(
             os.environ,
-            PREFECT_HOME=str(self.data / "prefect"),
+            PREFECT_HOME=str(prefect_home(self.data)),
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_SERVER_CSRF_PROTECTION_ENABLED="true",
             PREFECT_SERVER_CORS_ALLOWED_ORIGINS=self.prefect_url,
@@ -269,7 +274,7 @@ def temporary_prefect_server(data: pathlib.Path, startup_timeout_s: float = 300.
     own temporary server outlived a SIGKILLed sweep by 90 s). Sets PREFECT_API_URL while it runs; yields it."""
     port = _free_port()
     stack = LocalStack(pathlib.Path(data), "127.0.0.1", port)
-    env = stack.prefect_env() | {"PREFECT_HOME": str(pathlib.Path(data) / "prefect-temporary")}
+    env = stack.prefect_env() | {"PREFECT_HOME": str(prefect_home(data, temporary=True))}
     logs = pathlib.Path(data) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     api = f"{stack.prefect_url}/api"

@@ -40,6 +40,14 @@ def in_process(cfg: RunConfig, warm: dict):
         torch.set_num_threads(threads)
 
 
+def cache_warm_start(cache_dir, config: RunConfig, state: dict) -> None:
+    """`state` put where `cached_warm_start` looks for `config`'s warm start: the run reads it instead of training
+    its SFT."""
+    from infra.checkpoints import save_checkpoint, warm_start_path
+
+    save_checkpoint(warm_start_path(cache_dir, config), state)
+
+
 @pytest.fixture(scope="session")
 def tiny_warm_state():
     from copc_core.train.warmstart import warm_start
@@ -94,7 +102,7 @@ def prefect_api(tmp_path_factory, used_stores):
     from infra.local_stack import temporary_prefect_server
 
     data = tmp_path_factory.mktemp("prefect-session")
-    used_stores.prefect(data / "prefect-temporary")
+    used_stores.prefect(data, temporary=True)
     with temporary_prefect_server(data) as api:
         os.environ.pop("PREFECT_API_URL", None)
         yield api

@@ -43,20 +43,20 @@ class UsedStores:
                 os.replace(partial, made)
         return made
 
-    def prefect(self, home: pathlib.Path) -> pathlib.Path:
-        """A used Prefect database in `home` (where PREFECT_HOME points the server: `data/prefect` for `copc up`,
-        `data/prefect-temporary` for a command's own server). Prefect's memo of its block types is not copied: it
-        holds the database's path, so a copy elsewhere registers them again (~1.5 CPU-s)."""
-        from infra.local_stack import temporary_prefect_server
+    def prefect(self, data: pathlib.Path, temporary: bool = False) -> None:
+        """A used Prefect database in data folder `data`: for `copc up`'s server, or with `temporary` for a command's
+        own (`infra.local_stack.prefect_home`). Prefect's memo of its block types is not copied: it holds the
+        database's path, so a copy elsewhere registers them again (~1.5 CPU-s)."""
+        from infra.local_stack import prefect_home, temporary_prefect_server
 
         def make(made: pathlib.Path) -> None:
             with temporary_prefect_server(made):
                 pass
 
-        used = self._made("prefect", make) / "prefect-temporary"
+        used = prefect_home(self._made("prefect", make), temporary=True)
+        home = prefect_home(data, temporary)
         home.mkdir(parents=True, exist_ok=True)
         _copy_sqlite(used / "prefect.db", home / "prefect.db")
-        return home
 
     def mlflow(self, db: pathlib.Path) -> str:
         """A used MLflow store at `db`; its tracking URI."""
@@ -135,8 +135,6 @@ def mlflow_server(data: pathlib.Path):
     """A real MLflow server on a free loopback port over `data`'s SQLite store, with `copc up`'s command and
     environment (without it, MLflow 3.17 starts its 7 job consumers: ~23 CPU-s a server): a context manager yielding
     its URL."""
-    import contextlib
-
     from infra.local_stack import LocalStack, wait_healthy
 
     @contextlib.contextmanager

@@ -135,7 +135,7 @@ def test_copc_analyze_end_to_end_writes_html_and_the_exact_records(tmp_path, use
         "--out",
         str(out),
     ]
-    used_stores.prefect(tmp_path / "prefect-temporary")  # the command's own Prefect server's home
+    used_stores.prefect(tmp_path, temporary=True)  # for the command's own Prefect server
     res = copc(*args, data_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"HTML report: {out}" in res.stdout

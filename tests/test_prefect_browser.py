@@ -180,7 +180,7 @@ def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(
     graph shows its warm start and each trial as nodes (it read "has not yet generated any task or subflow runs"
     through its warm start, and trials appeared only after they ended). One stack and one `copc serve` for all of it:
     each costs ~15 CPU-s to start."""
-    used_stores.prefect(tmp_path / "prefect")
+    used_stores.prefect(tmp_path)
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
         assert not stack.prefect_url.endswith(":4200")
         browser.get(stack.prefect_url + "/dashboard")

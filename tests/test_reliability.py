@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from copc_core.config import RunConfig, with_overrides
 from copc_core.rl.methods import METHODS
-from tests.conftest import in_process, tiny_config
+from tests.conftest import cache_warm_start, in_process, tiny_config
 
 below_one = st.one_of(st.floats(max_value=0.999, allow_nan=False, allow_infinity=True), st.just(math.nan))
 negative_int = st.integers(max_value=-1)
@@ -298,13 +298,13 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_identically(
     """SIGKILL `copc train` after its first checkpoint (step 10 of 24) — on Ray, the driver with its
     whole process group (raylet, GCS, actors); the same command resumes, and its history and
     evaluations equal those of an uninterrupted run (timings aside)."""
-    from infra.checkpoints import load_checkpoint, save_checkpoint, warm_start_path
+    from infra.checkpoints import load_checkpoint
 
     cfg = KILLED_RUN
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(cfg.model_dump_json())
     data = tmp_path / "data"
-    save_checkpoint(warm_start_path(data / "cache", cfg), tiny_warm_state)  # the reference's
+    cache_warm_start(data / "cache", cfg, tiny_warm_state)  # the reference's
     env = dict(os.environ, COPC_DATA_DIR=str(data))
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(cfg_file), "--runtime", runtime]
     killed = tmp_path / "killed"

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from infra.local_stack import LocalStack, ServerDownError, wait_healthy
-from tests.conftest import tiny_config
+from tests.conftest import cache_warm_start, tiny_config
 from tests.stack_helpers import free_port, stack_env, start_dashboard, start_serve, start_up
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_prefect_refuses_cross_site_posts_and_its_ui_finds_its_api_on_any_port(t
     import urllib.request
 
     port = free_port()
-    used_stores.prefect(tmp_path / "prefect")
+    used_stores.prefect(tmp_path)
     with LocalStack(tmp_path, "127.0.0.1", port, free_port()) as stack:
         api = f"{stack.prefect_url}/api"
         with urllib.request.urlopen(f"{stack.prefect_url}/ui-settings", timeout=10) as r:
@@ -73,7 +73,7 @@ def test_the_servers_die_with_the_process_that_started_them(tmp_path, used_store
     import signal
 
     pp, mp = free_port(), free_port()
-    used_stores.prefect(tmp_path / "prefect")
+    used_stores.prefect(tmp_path)
     proc = start_up(tmp_path, pp, mp)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -133,11 +133,9 @@ def test_a_killed_sweep_takes_its_temporary_prefect_server_with_it(tmp_path, tin
     import re
     import signal
 
-    from infra.checkpoints import save_checkpoint, warm_start_path
-
     base = tiny_config(steps=200)
-    save_checkpoint(warm_start_path(tmp_path / "cache", base), tiny_warm_state)
-    used_stores.prefect(tmp_path / "prefect-temporary")
+    cache_warm_start(tmp_path / "cache", base, tiny_warm_state)
+    used_stores.prefect(tmp_path, temporary=True)
     (tmp_path / "base.json").write_text(base.model_dump_json())
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"COPC_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
@@ -243,7 +241,7 @@ def test_copc_serve_stops_promptly_on_sigterm_when_its_prefect_server_has_gone(t
     import signal
 
     log = tmp_path / "serve.log"
-    used_stores.prefect(tmp_path / "prefect")
+    used_stores.prefect(tmp_path)
     with LocalStack(tmp_path, "127.0.0.1", free_port(), free_port()) as stack:
         server = start_serve(stack_env(stack, tmp_path), log)
         assert "copc-sweep/embedded-default" in log.read_text(), log.read_text()[-3000:]

@@ -25,7 +25,7 @@ from sweeps.study import (
     study_params,
     trial_point,
 )
-from tests.conftest import tiny_config
+from tests.conftest import cache_warm_start, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -257,10 +257,9 @@ def test_two_sweeps_that_found_the_same_points_pending_run_each_once(tmp_path):
 
 def test_sweep_end_to_end_tracks_runs_and_resume_skips_finished_trials(tmp_path, tiny_warm_state, used_stores):
     from flows.sweep_job import run_sweep
-    from infra.checkpoints import save_checkpoint, warm_start_path
 
     base = tiny_config()
-    save_checkpoint(warm_start_path(tmp_path / "cache", base), tiny_warm_state)
+    cache_warm_start(tmp_path / "cache", base, tiny_warm_state)
     space = tiny_space()
     tracking = used_stores.mlflow(tmp_path / "mlflow.db")
     first = run_sweep(space, "t", base, tmp_path, tracking=tracking)
@@ -315,12 +314,11 @@ def test_a_bounded_staleness_sweep_runs_on_the_ray_runtime_and_reads_back_as_suc
     """`schedule: bounded`: the staleness axis holds η; each trial runs free-running sampling with actors of its
     own, is tracked with that runtime, and the report frame shows η as the method's staleness level."""
     from flows.sweep_job import grid_table, run_sweep
-    from infra.checkpoints import save_checkpoint, warm_start_path
     from infra.tracking import read_sweeps
     from reports.frames import HISTORY_KEYS, runs_frame
 
     base = tiny_config()
-    save_checkpoint(warm_start_path(tmp_path / "cache", base), tiny_warm_state)
+    cache_warm_start(tmp_path / "cache", base, tiny_warm_state)
     space = tiny_space(schedule="bounded", tau_advantage=[2.0], staleness=[0, 2], steps=3)
     assert space.run_config(base, space.grid()[1]).train.eta == 2
     assert space.run_config(base, space.grid()[1]).train.staleness == 0
@@ -345,10 +343,8 @@ def _sweep_files(tmp_path, warm_state, steps: int, prefect_api: str, stores) -> 
     trials)."""
     import os
 
-    from infra.checkpoints import save_checkpoint, warm_start_path
-
     base = tiny_config(steps=steps)
-    save_checkpoint(warm_start_path(tmp_path / "cache", base), warm_state)
+    cache_warm_start(tmp_path / "cache", base, warm_state)
     stores.mlflow(tmp_path / "mlflow.db")
     (tmp_path / "base.json").write_text(base.model_dump_json())
     (tmp_path / "space.json").write_text(tiny_space(steps=steps).model_dump_json())
@@ -534,11 +530,10 @@ def test_two_sweep_processes_on_one_study_finish_it_once(tmp_path, tiny_warm_sta
 
 def _one_point_sweep(tmp_path, warm_state):
     """A one-point sweep "w" with its warm start cached, and its MLflow parent run opened (no trial yet)."""
-    from infra.checkpoints import save_checkpoint, warm_start_path
     from infra.tracking import Tracker
 
     base = tiny_config()
-    save_checkpoint(warm_start_path(tmp_path / "cache", base), warm_state)
+    cache_warm_start(tmp_path / "cache", base, warm_state)
     space = tiny_space(tau_advantage=[1.0], staleness=[0])
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
