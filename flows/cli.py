@@ -428,11 +428,12 @@ def _space_with_axes(
     seeds: Optional[str],
     steps: Optional[int],
 ):
-    """The space with the axes given as flags replaced (sweeps.space.with_axes); exit 2 naming a bad flag."""
-    from sweeps.space import with_axes
+    """The space with the axes given as flags replaced (sweeps.space.with_axes); exit 2 naming a bad flag; a method
+    named otherwise than the space's entries of it said on stderr (sweeps.space.methods_notice)."""
+    from sweeps.space import methods_notice, with_axes
 
     try:
-        return with_axes(
+        grown = with_axes(
             space,
             methods,
             _floats(tau_policy, "--tau-policy"),
@@ -447,6 +448,9 @@ def _space_with_axes(
         field, _, rest = str(err).partition(" ")
         flags = {"tau_policy": "--tau-policy", "tau_advantage": "--tau-advantage", "methods:": "--methods:"}
         _fail(f"{flags[field]} {rest}" if field in flags else str(err))
+    if notice := methods_notice(space, methods):
+        typer.echo(notice, err=True)
+    return grown
 
 
 def _sweep_presets() -> str:

@@ -162,6 +162,13 @@ class SweepParams(BaseModel):
             raise ValueError(f"overrides: {err.args[0]}") from None
         return self
 
+    def methods_notice(self) -> str | None:
+        """`--methods`' notice (sweeps.space.methods_notice) for the form's methods field."""
+        from sweeps.presets import sweep_preset
+        from sweeps.space import methods_notice
+
+        return methods_notice(self.space or sweep_preset(self.preset)[0], self.methods or None)
+
     def resolved(self) -> tuple[str, SweepSpace, RunConfig]:
         """(name, space, base): the preset's, or the whole ones given, with the axes and overrides applied."""
         from copc_core.config import with_overrides
@@ -347,6 +354,8 @@ def copc_sweep(params: SweepParams) -> SweepOutcome:
 
     logger = get_run_logger()
     name, space, base = params.resolved()
+    if notice := params.methods_notice():
+        logger.warning(notice)
     nodes = _TrialNodes()
     hooks = SweepHooks(
         say=logger,

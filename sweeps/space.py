@@ -267,6 +267,23 @@ def parse_methods(text: str) -> list[dict[str, str]]:
     return out
 
 
+def methods_notice(space: SweepSpace, methods: str | None) -> str | None:
+    """What `with_axes(space, methods)` does without a word, said: a method named otherwise than the space's entries of
+    it (`copc` where a preset has `copc[recomputed]`, ...) is a new entry at the registry's defaults, not at those
+    entries' cells. None when every name is an entry of the space or a method the space has no entry of."""
+    keys = {m.key for m in space.methods}
+    lines = []
+    for m in parse_methods(methods or ""):
+        key = f"{m['name']}[{m['anchor']}]" if "anchor" in m else m["name"]
+        spelled = [e.key for e in space.methods if e.name == m["name"]]
+        if key not in keys and spelled:
+            lines.append(
+                f"--methods: {key} is not an entry of this sweep (it has {', '.join(spelled)}): {key} runs at the "
+                f"registry's defaults for the bands not given as flags, not at those entries' cells"
+            )
+    return "\n".join(lines) or None
+
+
 def with_axes(
     space: SweepSpace,
     methods: str | None = None,

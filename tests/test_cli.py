@@ -290,6 +290,26 @@ def test_sweep_ray_address_is_the_ray_its_trials_run_on(tmp_path, monkeypatch):
     assert out.returncode == 0 and seen == ["10.0.0.5:6379"], out.stdout + out.stderr
 
 
+def test_sweep_says_when_a_method_named_is_not_the_presets_entry_of_it(tmp_path, monkeypatch):
+    """`--methods copc` on a regime preset (whose entries are `copc[reading]`) runs the registry's defaults: said on
+    stderr before the sweep starts, and by the Prefect form's flow in its log (SweepParams.methods_notice)."""
+    import contextlib
+
+    import flows.cli
+    import flows.prefect_flows
+    from flows.prefect_flows import SweepParams
+
+    monkeypatch.setattr(flows.cli, "_prefect_api", contextlib.nullcontext)
+    monkeypatch.setattr(flows.prefect_flows, "copc_sweep", lambda params: (_ for _ in ()).throw(SystemExit(0)))
+    args = ("sweep", "--preset", "regime-search", "--seeds", "0", "--staleness", "8")
+    out = copc_here(*args, "--methods", "copc,tis", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "--methods: copc is not an entry of this sweep (it has copc[recomputed]" in out.stderr
+    assert "copc is not" not in copc_here(*args, "--methods", "copc[recomputed],tis", data_dir=tmp_path).stderr
+    form = SweepParams(preset="regime-search", methods="copc,tis")
+    assert form.methods_notice() == out.stderr.strip()
+
+
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):
     out = copc_here("sweep", "--preset", "nope", data_dir=tmp_path)
     assert out.returncode == 2 and "unknown sweep preset 'nope'" in out.stderr and "claims-search" in out.stderr

@@ -847,6 +847,23 @@ def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_
     assert len(space.grid()) == 3 * 5 and space.steps == 1000
 
 
+def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
+    """`copc` where the preset has `copc[recomputed]`, `copc[behavior]`, `copc[interpolated]` sweeps the registry's
+    defaults, not the preset's cells: said. A method the preset spells so, or one it has no entry of, is not."""
+    from sweeps.presets import PRESETS
+    from sweeps.space import methods_notice
+
+    regime = PRESETS["regime-tool-math"][0]
+    notice = methods_notice(regime, "copc,copc[behavior],tis,copc_policy_only")
+    assert notice.count("\n") == 0 and notice.startswith("--methods: copc is not an entry of this sweep")
+    assert "(it has copc[recomputed], copc[behavior], copc[interpolated])" in notice
+    assert methods_notice(regime, "copc[behavior],tis") is None and methods_notice(regime, None) is None
+    assert methods_notice(PRESETS["embedded-default"][0], "copc[behavior]").startswith(
+        "--methods: copc[behavior] is not an entry of this sweep (it has copc)"
+    )
+    assert methods_notice(PRESETS["embedded-default"][0], "copc,tis") is None  # tis: no entry of it to mistake
+
+
 def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grown(tmp_path, monkeypatch):
     """A point's config hash covers its RunConfig, not the registry row its method names: after a row's default
     changed, a grown study reused results of the old definition. Each trial now records the method as resolved; a
