@@ -448,7 +448,7 @@ def _space_with_axes(
         field, _, rest = str(err).partition(" ")
         flags = {"tau_policy": "--tau-policy", "tau_advantage": "--tau-advantage", "methods:": "--methods:"}
         _fail(f"{flags[field]} {rest}" if field in flags else str(err))
-    if notice := methods_notice(space, methods):
+    if notice := methods_notice(space, grown, methods):
         typer.echo(notice, err=True)
     return grown
 
@@ -558,7 +558,7 @@ def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau
     from pydantic import TypeAdapter
 
     from sweeps.presets import sweep_preset
-    from sweeps.space import SweepName, SweepSpace
+    from sweeps.space import SweepName, SweepPoint, SweepSpace
     from sweeps.study import heartbeat_settings
 
     try:
@@ -577,8 +577,9 @@ def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau
         _fail(str(err))
     base = build_run_config(config, {}, task, base=preset_base)
     try:
-        for m in space.methods:
-            space.run_config(base, next(p for p in space.grid() if p.method == m.key))
+        for m in space.methods:  # each entry's first point (an entry with no point at these lags: none to build)
+            for k in m.lags(space.staleness)[:1]:
+                space.run_config(base, SweepPoint(m.key, *m.bands()[0], k, space.seeds[0]))
     except ValidationError as err:
         _fail(_validation_message(err))
     return name, space, base

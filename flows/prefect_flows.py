@@ -167,7 +167,7 @@ class SweepParams(BaseModel):
         from sweeps.presets import sweep_preset
         from sweeps.space import methods_notice
 
-        return methods_notice(self.space or sweep_preset(self.preset)[0], self.methods or None)
+        return methods_notice(self.space or sweep_preset(self.preset)[0], self.resolved()[1], self.methods or None)
 
     def resolved(self) -> tuple[str, SweepSpace, RunConfig]:
         """(name, space, base): the preset's, or the whole ones given, with the axes and overrides applied."""

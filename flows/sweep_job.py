@@ -353,8 +353,8 @@ def grid_table(study, space: SweepSpace) -> str:
         lines.append(
             f"{level} = {k}" + ("   (all collapsed)" if at and all(r["collapsed"] == r["seeds"] for r in at) else "")
         )
-        for m in space.methods:
-            mine = [r for r in rows if r["method"] == m.key and r["staleness"] == k]
+        for key in space.keys():
+            mine = [r for r in rows if r["method"] == key and r["staleness"] == k]
             if not mine:
                 continue
             tas = list(dict.fromkeys(r["tau_advantage"] for r in mine))
@@ -362,11 +362,11 @@ def grid_table(study, space: SweepSpace) -> str:
             if tas == [None] and tps == [None]:
                 r = mine[0]
                 lines.append(
-                    f"  {m.key:<28s} {_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} "
+                    f"  {key:<28s} {_cell(r['objective_mean'], r['objective_sd']):>11s}{mark(r)} "
                     f"({r['collapsed']}/{r['seeds']})"
                 )
                 continue
-            lines.append(f"  {m.key:<28s} τ_a → " + "".join(f"{'—' if ta is None else f'{ta:g}':>17s}" for ta in tas))
+            lines.append(f"  {key:<28s} τ_a → " + "".join(f"{'—' if ta is None else f'{ta:g}':>17s}" for ta in tas))
             for tp in tps:
                 cells = []
                 for ta in tas:

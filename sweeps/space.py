@@ -91,6 +91,12 @@ class SweptMethod(BaseModel):
     )
     tau_advantage: list[Band] | None = Field(None, min_length=1, description="τ_a values (None: as τ_p)")
     anchor: Anchor | None = Field(None, description="reading of the trust region's anchor (None: the method's)")
+    staleness: list[Annotated[int, Field(ge=0, le=1024)]] | None = Field(
+        None,
+        min_length=1,
+        description="the sweep's lags this entry runs at (None: every one); two entries of one method, each at its "
+        "own lags, give it other bands at other lags",
+    )
     label: str | None = Field(
         None,
         min_length=1,
@@ -99,7 +105,9 @@ class SweptMethod(BaseModel):
         description="name in tables and the report (default: name, with [anchor] if set)",
     )
 
-    _distinct_bands = field_validator("tau_policy", "tau_advantage")(classmethod(lambda cls, v: _distinct(v)))
+    _distinct_bands = field_validator("tau_policy", "tau_advantage", "staleness")(
+        classmethod(lambda cls, v: _distinct(v))
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> SweptMethod:
@@ -117,8 +125,9 @@ class SweptMethod(BaseModel):
         return list(itertools.product(self.tau_policy or [None], self.tau_advantage or [None]))
 
     def lags(self, staleness: list[int]) -> list[int]:
-        """The staleness levels this method runs at (an on-policy method: 0 only)."""
-        return [k for k in staleness if k == 0 or not preset(self.name).on_policy]
+        """The sweep's staleness levels this entry runs at: its own if it names them, an on-policy method 0 only."""
+        mine = staleness if self.staleness is None else [k for k in staleness if k in self.staleness]
+        return [k for k in mine if k == 0 or not preset(self.name).on_policy]
 
 
 class SweepSpace(BaseModel):
@@ -197,9 +206,13 @@ class SweepSpace(BaseModel):
 
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
-        keys = [m.key for m in self.methods]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"methods must be distinct (give a `label` to tell two entries apart), got {keys}")
+        for a, b in itertools.combinations(self.methods, 2):
+            lags = set(a.staleness or self.staleness) & set(b.staleness or self.staleness)
+            if a.key == b.key and ((a.name, a.anchor) != (b.name, b.anchor) or lags):
+                raise ValueError(
+                    "methods must be distinct (give a `label` to tell two entries apart, or each entry of one method "
+                    f"its own `staleness`), got {a.key} twice"
+                )
         size = sum(len(m.bands()) * len(m.lags(self.staleness)) for m in self.methods) * len(self.seeds)
         if size > MAX_GRID_POINTS:
             raise ValueError(f"the grid has {size:,} points; at most {MAX_GRID_POINTS:,} are allowed")
@@ -208,7 +221,12 @@ class SweepSpace(BaseModel):
         return self
 
     def method(self, key: str) -> SweptMethod:
+        """The entry of this key (entries of one key share their method and reading: any one of them)."""
         return next(m for m in self.methods if m.key == key)
+
+    def keys(self) -> list[str]:
+        """The methods' keys, each once, in the order of their entries."""
+        return list(dict.fromkeys(m.key for m in self.methods))
 
     def grid(self) -> list[SweepPoint]:
         """Every point of the space, methods first, seeds last."""
@@ -267,20 +285,24 @@ def parse_methods(text: str) -> list[dict[str, str]]:
     return out
 
 
-def methods_notice(space: SweepSpace, methods: str | None) -> str | None:
-    """What `with_axes(space, methods)` does without a word, said: a method named otherwise than the space's entries of
-    it (`copc` where a preset has `copc[recomputed]`, ...) is a new entry at the registry's defaults, not at those
-    entries' cells. None when every name is an entry of the space or a method the space has no entry of."""
-    keys = {m.key for m in space.methods}
+def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None) -> str | None:
+    """What `grown = with_axes(space, methods, ...)` did without a word, said: a method named otherwise than the space's
+    entries of it (`copc` where a preset has `copc[recomputed]`, ...) is a new entry at the registry's defaults, not at
+    those entries' cells; a method named that has no point at the grown sweep's lags (an on-policy one at k > 0) does
+    not run. None when neither happened."""
     lines = []
     for m in parse_methods(methods or ""):
         key = f"{m['name']}[{m['anchor']}]" if "anchor" in m else m["name"]
-        spelled = [e.key for e in space.methods if e.name == m["name"]]
-        if key not in keys and spelled:
+        spelled = [k for k in space.keys() if space.method(k).name == m["name"]]
+        if key not in spelled and spelled:
             lines.append(
                 f"--methods: {key} is not an entry of this sweep (it has {', '.join(spelled)}): {key} runs at the "
                 f"registry's defaults for the bands not given as flags, not at those entries' cells"
             )
+        if key in grown.keys() and not any(p.method == key for p in grown.grid()):
+            entry = grown.method(key)
+            why = "an on-policy method runs at 0 only" if preset(entry.name).on_policy else "its entries' own lags"
+            lines.append(f"--methods: {key} has no point at staleness {grown.staleness} ({why}): it does not run")
     return "\n".join(lines) or None
 
 
@@ -298,9 +320,13 @@ def with_axes(
     Raises ValueError naming what is wrong."""
     data = space.model_dump(mode="json")
     if methods is not None:  # a method the space has keeps its entry (its bands: a preset's cells); a new one, defaults
-        has = {m.key: m.model_dump(mode="json") for m in space.methods}
+        has: dict[str, list[dict]] = {}
+        for entry in space.methods:
+            has.setdefault(entry.key, []).append(entry.model_dump(mode="json"))
         data["methods"] = [
-            has.get(SweptMethod(**m).key, m) if m["name"] in method_names() else m for m in parse_methods(methods)
+            e
+            for m in parse_methods(methods)
+            for e in (has.get(SweptMethod(**m).key, [m]) if m["name"] in method_names() else [m])
         ]
     for band, values in zip(BANDS, (tau_policy, tau_advantage)):
         if values is None:

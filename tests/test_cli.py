@@ -308,6 +308,8 @@ def test_sweep_says_when_a_method_named_is_not_the_presets_entry_of_it(tmp_path,
     assert "copc is not" not in copc_here(*args, "--methods", "copc[recomputed],tis", data_dir=tmp_path).stderr
     form = SweepParams(preset="regime-search", methods="copc,tis")
     assert form.methods_notice() == out.stderr.strip()
+    idle = copc_here(*args, "--methods", "sync_ppo,tis", data_dir=tmp_path)  # was a StopIteration traceback
+    assert idle.returncode == 0 and "sync_ppo has no point at staleness [8]" in idle.stderr, idle.stderr
 
 
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):

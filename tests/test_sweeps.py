@@ -849,19 +849,55 @@ def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_
 
 def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
     """`copc` where the preset has `copc[recomputed]`, `copc[behavior]`, `copc[interpolated]` sweeps the registry's
-    defaults, not the preset's cells: said. A method the preset spells so, or one it has no entry of, is not."""
+    defaults, not the preset's cells: said. A method the preset spells so, or one it has no entry of, is not; a method
+    named that has no point at the sweep's lags (on-policy `sync_ppo` at k = 8) is said not to run."""
     from sweeps.presets import PRESETS
-    from sweeps.space import methods_notice
+    from sweeps.space import methods_notice, with_axes
+
+    def notice(space, methods, **axes):
+        return methods_notice(space, with_axes(space, methods, **axes), methods)
 
     regime = PRESETS["regime-tool-math"][0]
-    notice = methods_notice(regime, "copc,copc[behavior],tis,copc_policy_only")
-    assert notice.count("\n") == 0 and notice.startswith("--methods: copc is not an entry of this sweep")
-    assert "(it has copc[recomputed], copc[behavior], copc[interpolated])" in notice
-    assert methods_notice(regime, "copc[behavior],tis") is None and methods_notice(regime, None) is None
-    assert methods_notice(PRESETS["embedded-default"][0], "copc[behavior]").startswith(
+    said = notice(regime, "copc,copc[behavior],tis,copc_policy_only")
+    assert said.count("\n") == 0 and said.startswith("--methods: copc is not an entry of this sweep")
+    assert "(it has copc[recomputed], copc[behavior], copc[interpolated])" in said
+    assert notice(regime, "copc[behavior],tis") is None and methods_notice(regime, regime, None) is None
+    default = PRESETS["embedded-default"][0]
+    assert notice(default, "copc[behavior]").startswith(
         "--methods: copc[behavior] is not an entry of this sweep (it has copc)"
     )
-    assert methods_notice(PRESETS["embedded-default"][0], "copc,tis") is None  # tis: no entry of it to mistake
+    assert notice(default, "copc,tis") is None  # tis: no entry of it to mistake
+    assert notice(regime, "sync_ppo,tis", staleness=[8]) == (
+        "--methods: sync_ppo has no point at staleness [8] (an on-policy method runs at 0 only): it does not run"
+    )
+    assert notice(regime, "sync_ppo,tis", staleness=[0, 8]) is None
+
+
+def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lags():
+    """The long study runs each reading at the cell chosen at that lag: entries of one key, each with its `staleness`,
+    give the points of each entry at its lags only; entries of one key whose lags meet, or that name two methods, are
+    refused; `--methods` naming the key keeps every entry of it, `--staleness` cuts them."""
+    from sweeps.space import with_axes
+
+    at = {8: (4.0, 1.25), 32: (1.5, 1.5)}
+    entries = [
+        {"name": "copc", "anchor": "behavior", "tau_policy": [tp], "tau_advantage": [ta], "staleness": [k]}
+        for k, (tp, ta) in at.items()
+    ]
+    space = SweepSpace(methods=[*entries, "tis"], staleness=[8, 32], seeds=[0, 1])
+    got = {(p.method, p.tau_policy, p.tau_advantage, p.staleness) for p in space.grid()}
+    assert got == {("copc[behavior]", *at[k], k) for k in at} | {("tis", None, None, k) for k in at}
+    assert len(space.grid()) == 4 * 2 and space.keys() == ["copc[behavior]", "tis"]
+    assert with_axes(space, methods="copc[behavior]").grid() == [p for p in space.grid() if p.method != "tis"]
+    assert {p.tau_policy for p in with_axes(space, staleness=[8]).grid() if p.method == "copc[behavior]"} == {4.0}
+    overlapping = [entries[0], {**entries[1], "staleness": [8, 32]}]
+    with pytest.raises(ValueError, match="copc\\[behavior\\] twice"):
+        SweepSpace(methods=overlapping, staleness=[8, 32])
+    with pytest.raises(ValueError, match="x twice"):
+        SweepSpace(
+            methods=[{"name": "tis", "label": "x", "staleness": [8]}, {"name": "cispo", "label": "x"}],
+            staleness=[8, 32],
+        )
 
 
 def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grown(tmp_path, monkeypatch):
