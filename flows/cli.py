@@ -429,7 +429,8 @@ def _space_with_axes(
     steps: Optional[int],
 ):
     """The space with the axes given as flags replaced (sweeps.space.with_axes); exit 2 naming a bad flag; a method
-    named otherwise than the space's entries of it said on stderr (sweeps.space.methods_notice)."""
+    named otherwise than the space's entries of it, or one with no point at the lags, said on stderr
+    (sweeps.space.methods_notice)."""
     from sweeps.space import methods_notice, with_axes
 
     try:

@@ -162,13 +162,6 @@ class SweepParams(BaseModel):
             raise ValueError(f"overrides: {err.args[0]}") from None
         return self
 
-    def methods_notice(self) -> str | None:
-        """`--methods`' notice (sweeps.space.methods_notice) for the form's methods field."""
-        from sweeps.presets import sweep_preset
-        from sweeps.space import methods_notice
-
-        return methods_notice(self.space or sweep_preset(self.preset)[0], self.resolved()[1], self.methods or None)
-
     def resolved(self) -> tuple[str, SweepSpace, RunConfig]:
         """(name, space, base): the preset's, or the whole ones given, with the axes and overrides applied."""
         from copc_core.config import with_overrides
@@ -351,11 +344,15 @@ def copc_sweep(params: SweepParams) -> SweepOutcome:
     log; publish its table as an artifact with links to MLflow and the report, and build the report."""
     from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
     from infra.tracking import mlflow_ui_for, sweep_url
+    from sweeps.presets import sweep_preset
+    from sweeps.space import methods_notice
 
     logger = get_run_logger()
     name, space, base = params.resolved()
-    if notice := params.methods_notice():
-        logger.warning(notice)
+    if params.space is None and (
+        notice := methods_notice(sweep_preset(params.preset)[0], space, params.methods, "methods")
+    ):
+        logger.warning(notice)  # the form's axes on a preset (`copc sweep` passes its space, having said its own)
     nodes = _TrialNodes()
     hooks = SweepHooks(
         say=logger,

@@ -2,8 +2,9 @@
 
 A sweep's grid is methods × their bands × staleness × seed. Each method of the axis carries the band
 values it is swept over (none for a band it does not have; its registry default when not given) and
-optionally a reading of the trust region (`anchor`), so COPC's grid, its readings and the baselines
-form one sweep that runs, resumes and reports as any other.
+optionally a reading of the trust region (`anchor`) and lags of its own (`staleness`: two entries of one method,
+each at its lags, give it other bands at other lags), so COPC's grid, its readings and the baselines form one sweep
+that runs, resumes and reports as any other.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _distinct(v: list | None) -> list | None:
 
 
 class SweptMethod(BaseModel):
-    """One method of a sweep and the band values it is swept over."""
+    """One method of a sweep, the band values it is swept over, and the sweep's lags it runs at (all unless given)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
@@ -207,7 +208,7 @@ class SweepSpace(BaseModel):
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
         for a, b in itertools.combinations(self.methods, 2):
-            lags = set(a.staleness or self.staleness) & set(b.staleness or self.staleness)
+            lags = set(a.staleness or self.staleness) & set(b.staleness or self.staleness) & set(self.staleness)
             if a.key == b.key and ((a.name, a.anchor) != (b.name, b.anchor) or lags):
                 raise ValueError(
                     "methods must be distinct (give a `label` to tell two entries apart, or each entry of one method "
@@ -217,7 +218,10 @@ class SweepSpace(BaseModel):
         if size > MAX_GRID_POINTS:
             raise ValueError(f"the grid has {size:,} points; at most {MAX_GRID_POINTS:,} are allowed")
         if size == 0:
-            raise ValueError("the grid is empty (an on-policy method runs at staleness 0 only)")
+            raise ValueError(
+                "the grid is empty (an on-policy method runs at staleness 0 only, an entry with lags of its own at "
+                "those only)"
+            )
         return self
 
     def method(self, key: str) -> SweptMethod:
@@ -285,24 +289,31 @@ def parse_methods(text: str) -> list[dict[str, str]]:
     return out
 
 
-def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None) -> str | None:
+def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None, named: str = "--methods") -> str | None:
     """What `grown = with_axes(space, methods, ...)` did without a word, said: a method named otherwise than the space's
-    entries of it (`copc` where a preset has `copc[recomputed]`, ...) is a new entry at the registry's defaults, not at
-    those entries' cells; a method named that has no point at the grown sweep's lags (an on-policy one at k > 0) does
-    not run. None when neither happened."""
+    entries of it (`copc` where a preset has `copc[recomputed]`, ...) is a new entry at the registry's defaults, not
+    those entries' cells; a method of the grown sweep with no point at its lags (an on-policy one at k > 0, entries at
+    lags of their own) does not run. `named`: what the methods axis is called where it was given (`--methods`, the
+    form's `methods`). None when neither happened."""
     lines = []
-    for m in parse_methods(methods or ""):
+    for m in parse_methods(methods) if methods else []:
         key = f"{m['name']}[{m['anchor']}]" if "anchor" in m else m["name"]
         spelled = [k for k in space.keys() if space.method(k).name == m["name"]]
         if key not in spelled and spelled:
             lines.append(
-                f"--methods: {key} is not an entry of this sweep (it has {', '.join(spelled)}): {key} runs at the "
-                f"registry's defaults for the bands not given as flags, not at those entries' cells"
+                f"{named}: {key} is not an entry of this sweep (it has {', '.join(spelled)}): a new entry, its bands "
+                "the registry's defaults where none is given"
             )
-        if key in grown.keys() and not any(p.method == key for p in grown.grid()):
-            entry = grown.method(key)
-            why = "an on-policy method runs at 0 only" if preset(entry.name).on_policy else "its entries' own lags"
-            lines.append(f"--methods: {key} has no point at staleness {grown.staleness} ({why}): it does not run")
+    running = {p.method for p in grown.grid()}
+    for key in grown.keys():
+        if key not in running:
+            own = sorted({k for e in grown.methods if e.key == key for k in e.staleness or []})
+            why = (
+                f"its entries run at k = {', '.join(map(str, own))} only"
+                if own
+                else "an on-policy method runs at 0 only"
+            )
+            lines.append(f"{key} has no point at staleness {grown.staleness} ({why}): it does not run")
     return "\n".join(lines) or None
 
 
@@ -323,6 +334,9 @@ def with_axes(
         has: dict[str, list[dict]] = {}
         for entry in space.methods:
             has.setdefault(entry.key, []).append(entry.model_dump(mode="json"))
+        named = [SweptMethod(**m).key if m["name"] in method_names() else m["name"] for m in parse_methods(methods)]
+        if twice := sorted({key for key in named if named.count(key) > 1}):
+            raise ValueError(f"methods: {', '.join(twice)} named twice")
         data["methods"] = [
             e
             for m in parse_methods(methods)

@@ -294,11 +294,14 @@ def test_sweep_says_when_a_method_named_is_not_the_presets_entry_of_it(tmp_path,
     """`--methods copc` on a regime preset (whose entries are `copc[reading]`) runs the registry's defaults: said on
     stderr before the sweep starts, and by the Prefect form's flow in its log (SweepParams.methods_notice)."""
     import contextlib
+    import types
 
     import flows.cli
     import flows.prefect_flows
-    from flows.prefect_flows import SweepParams
+    import flows.sweep_job
 
+    copc_sweep = flows.prefect_flows.copc_sweep
+    SweepParams = flows.prefect_flows.SweepParams
     monkeypatch.setattr(flows.cli, "_prefect_api", contextlib.nullcontext)
     monkeypatch.setattr(flows.prefect_flows, "copc_sweep", lambda params: (_ for _ in ()).throw(SystemExit(0)))
     args = ("sweep", "--preset", "regime-search", "--seeds", "0", "--staleness", "8")
@@ -306,10 +309,19 @@ def test_sweep_says_when_a_method_named_is_not_the_presets_entry_of_it(tmp_path,
     assert out.returncode == 0, out.stderr
     assert "--methods: copc is not an entry of this sweep (it has copc[recomputed]" in out.stderr
     assert "copc is not" not in copc_here(*args, "--methods", "copc[recomputed],tis", data_dir=tmp_path).stderr
-    form = SweepParams(preset="regime-search", methods="copc,tis")
-    assert form.methods_notice() == out.stderr.strip()
     idle = copc_here(*args, "--methods", "sync_ppo,tis", data_dir=tmp_path)  # was a StopIteration traceback
     assert idle.returncode == 0 and "sync_ppo has no point at staleness [8]" in idle.stderr, idle.stderr
+
+    said = []  # the Prefect form's flow says it in its log, as the form's field is called
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(flows.prefect_flows, "get_run_logger", lambda: types.SimpleNamespace(warning=said.append))
+    monkeypatch.setattr(flows.sweep_job, "run_sweep", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        copc_sweep.fn(SweepParams(preset="regime-search", methods="copc,tis", staleness=[8]))
+    assert said == ["m" + out.stderr.strip()[3:]]  # "methods: copc is not an entry ..."
 
 
 def test_sweep_with_an_unknown_preset_exits_2_naming_the_presets(tmp_path):

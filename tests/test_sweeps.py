@@ -850,7 +850,8 @@ def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_
 def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
     """`copc` where the preset has `copc[recomputed]`, `copc[behavior]`, `copc[interpolated]` sweeps the registry's
     defaults, not the preset's cells: said. A method the preset spells so, or one it has no entry of, is not; a method
-    named that has no point at the sweep's lags (on-policy `sync_ppo` at k = 8) is said not to run."""
+    of the sweep with no point at its lags (on-policy `sync_ppo` at k = 8) is said not to run; one named twice is
+    refused."""
     from sweeps.presets import PRESETS
     from sweeps.space import methods_notice, with_axes
 
@@ -859,27 +860,34 @@ def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
 
     regime = PRESETS["regime-tool-math"][0]
     said = notice(regime, "copc,copc[behavior],tis,copc_policy_only")
-    assert said.count("\n") == 0 and said.startswith("--methods: copc is not an entry of this sweep")
-    assert "(it has copc[recomputed], copc[behavior], copc[interpolated])" in said
+    assert said == (
+        "--methods: copc is not an entry of this sweep (it has copc[recomputed], copc[behavior], copc[interpolated]): "
+        "a new entry, its bands the registry's defaults where none is given"
+    )
     assert notice(regime, "copc[behavior],tis") is None and methods_notice(regime, regime, None) is None
     default = PRESETS["embedded-default"][0]
-    assert notice(default, "copc[behavior]").startswith(
-        "--methods: copc[behavior] is not an entry of this sweep (it has copc)"
+    assert methods_notice(default, with_axes(default, "copc[behavior]"), "copc[behavior]", "methods").startswith(
+        "methods: copc[behavior] is not an entry of this sweep (it has copc)"
     )
     assert notice(default, "copc,tis") is None  # tis: no entry of it to mistake
-    assert notice(regime, "sync_ppo,tis", staleness=[8]) == (
-        "--methods: sync_ppo has no point at staleness [8] (an on-policy method runs at 0 only): it does not run"
-    )
+    idle = "sync_ppo has no point at staleness [8] (an on-policy method runs at 0 only): it does not run"
+    assert notice(regime, "sync_ppo,tis", staleness=[8]) == idle
+    assert notice(regime, None, staleness=[8]) == idle  # the preset's own sync_ppo: not named, still said
+    assert notice(regime, "copc,sync_ppo", staleness=[8]).split("\n") == [said, idle]
     assert notice(regime, "sync_ppo,tis", staleness=[0, 8]) is None
+    with pytest.raises(ValueError, match="methods: copc\\[behavior\\], tis named twice"):
+        with_axes(regime, "tis,copc[behavior],tis,copc[behavior]")
 
 
 def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lags():
     """The long study runs each reading at the cell chosen at that lag: entries of one key, each with its `staleness`,
-    give the points of each entry at its lags only; entries of one key whose lags meet, or that name two methods, are
-    refused; `--methods` naming the key keeps every entry of it, `--staleness` cuts them."""
-    from sweeps.space import with_axes
+    give the points of each entry at its lags only (through JSON too); entries of one key whose lags meet in the sweep,
+    or that name two methods, are refused; `--methods` naming the key keeps every entry of it, `--staleness` cuts
+    them, and a key left with no point is said; the sweep's console table has one block per key and lag."""
+    from flows.sweep_job import grid_table
+    from sweeps.space import methods_notice, with_axes
 
-    at = {8: (4.0, 1.25), 32: (1.5, 1.5)}
+    at = {8: (4.0, 1.25), 32: (1.5, float("inf"))}
     entries = [
         {"name": "copc", "anchor": "behavior", "tau_policy": [tp], "tau_advantage": [ta], "staleness": [k]}
         for k, (tp, ta) in at.items()
@@ -888,16 +896,49 @@ def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lag
     got = {(p.method, p.tau_policy, p.tau_advantage, p.staleness) for p in space.grid()}
     assert got == {("copc[behavior]", *at[k], k) for k in at} | {("tis", None, None, k) for k in at}
     assert len(space.grid()) == 4 * 2 and space.keys() == ["copc[behavior]", "tis"]
+    assert SweepSpace.model_validate_json(space.model_dump_json()) == space
     assert with_axes(space, methods="copc[behavior]").grid() == [p for p in space.grid() if p.method != "tis"]
     assert {p.tau_policy for p in with_axes(space, staleness=[8]).grid() if p.method == "copc[behavior]"} == {4.0}
-    overlapping = [entries[0], {**entries[1], "staleness": [8, 32]}]
+    cut = with_axes(space, staleness=[16])
+    assert methods_notice(space, cut, None) == (
+        "copc[behavior] has no point at staleness [16] (its entries run at k = 8, 32 only): it does not run"
+    )
+    with pytest.raises(ValueError, match="the grid is empty .* an entry with lags of its own at those only"):
+        with_axes(space, methods="copc[behavior]", staleness=[16])
     with pytest.raises(ValueError, match="copc\\[behavior\\] twice"):
-        SweepSpace(methods=overlapping, staleness=[8, 32])
+        SweepSpace(methods=[entries[0], {**entries[1], "staleness": [8, 32]}], staleness=[8, 32])
+    assert len(SweepSpace(methods=[entries[0], {**entries[1], "staleness": [32, 64]}], staleness=[8, 32]).grid()) == 2
     with pytest.raises(ValueError, match="x twice"):
         SweepSpace(
-            methods=[{"name": "tis", "label": "x", "staleness": [8]}, {"name": "cispo", "label": "x"}],
+            methods=[
+                {"name": "tis", "label": "x", "staleness": [8]},
+                {"name": "cispo", "label": "x", "staleness": [32]},
+            ],
             staleness=[8, 32],
         )
+    study = optuna.create_study()
+    for p in space.grid():
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"staleness": p.staleness, "seed": p.seed},
+                distributions={
+                    "staleness": optuna.distributions.CategoricalDistribution([8, 32]),
+                    "seed": optuna.distributions.CategoricalDistribution([0, 1]),
+                },
+                value=0.5 + p.seed / 10,
+                user_attrs={
+                    "method": p.method,
+                    "tau_policy": str(p.tau_policy),
+                    "tau_advantage": str(p.tau_advantage),
+                    "final_accuracy": 0.5 + p.seed / 10,
+                },
+            )
+        )
+    table = grid_table(study, space)
+    assert table.count("copc[behavior]") == 2 and table.count("tis") == 2, table  # one block per key and lag
+    k8, k32 = table.split("k = 8")[1].split("k = 32")
+    assert "τ_p = 4 " in k8 and "1.25" in k8 and "inf" not in k8, table
+    assert "τ_p = 1.5 " in k32 and "inf" in k32 and "1.25" not in k32, table
 
 
 def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grown(tmp_path, monkeypatch):
