@@ -64,16 +64,20 @@ EMBEDDED_SPACE = SweepSpace(
 )
 
 # The long study (docs/journal/2026-12-06-1-long-study-plan.md, written before it ran): claim (c) where the paper
-# puts it, late in training. Each reading of COPC at one cell, fixed from the 300-step study before any long run: the
-# cell leave-one-seed-out chose most often on seeds 0–4 at 64 updates of lag over the reading's 12 cells (τ_p ∈ {1.5,
-# 4} × τ_a ∈ {1, 1.1, 1.25, 1.5, 2, ∞}; the "cell chosen per seed" columns of docs/journal/); every lagged baseline of
-# the registry; 1,000 learner steps; seeds 100–104, which no run of the study used. 64 updates (k = 32) only: the
-# 300-step record does not print the 16-update choices of every reading (see the docs).
+# puts it, late in training. Each reading of COPC at one cell per lag, fixed from the 300-step study before any long
+# run at that lag: the cell leave-one-seed-out chose most often on seeds 0–4 over the reading's 12 cells (τ_p ∈ {1.5,
+# 4} × τ_a ∈ {1, 1.1, 1.25, 1.5, 2, ∞}; the "cell chosen per seed" columns of docs/journal/, a tie broken by the
+# higher seed mean); every lagged baseline of the registry at every lag; 1,000 learner steps; seeds 100–104, which
+# no run of the study used. A lag joins a task's study when its cells are written (LONG_CELLS).
 LONG_STEPS = 1000
 LONG_SEEDS = [100, 101, 102, 103, 104]
-LONG_CELLS = {  # task → reading → (τ_p, τ_a), at k = 32
-    "tool-math": {"recomputed": (4.0, 1.25), "behavior": (1.5, 1.5), "interpolated": (4.0, 1.25)},
-    "search": {"recomputed": (4.0, 1.0), "behavior": (4.0, 1.5), "interpolated": (4.0, 1.5)},
+LONG_CELLS = {  # task → k (versions; 2 optimizer updates each) → reading → (τ_p, τ_a)
+    "tool-math": {
+        32: {"recomputed": (4.0, 1.25), "behavior": (1.5, 1.5), "interpolated": (4.0, 1.25)},
+    },
+    "search": {
+        32: {"recomputed": (4.0, 1.0), "behavior": (4.0, 1.5), "interpolated": (4.0, 1.5)},
+    },
 }
 
 
@@ -81,8 +85,9 @@ def long_space(task: str) -> SweepSpace:
     return SweepSpace(
         methods=[
             *(
-                SweptMethod(name="copc", anchor=reading, tau_policy=[tp], tau_advantage=[ta])
-                for reading, (tp, ta) in LONG_CELLS[task].items()
+                SweptMethod(name="copc", anchor=reading, tau_policy=[tp], tau_advantage=[ta], staleness=[k])
+                for k, cells in LONG_CELLS[task].items()
+                for reading, (tp, ta) in cells.items()
             ),
             *(
                 SweptMethod(name=m)
@@ -93,7 +98,7 @@ def long_space(task: str) -> SweepSpace:
                 and not has_band(row, "tau_advantage")
             ),
         ],
-        staleness=[32],
+        staleness=sorted(LONG_CELLS[task]),
         seeds=LONG_SEEDS,
         steps=LONG_STEPS,
     )

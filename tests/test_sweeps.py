@@ -804,9 +804,16 @@ def _chosen_per_seed(results: str, heading: str, k: int) -> dict[str, list[tuple
     return out
 
 
+LONG_CHOICES = {  # (task, k) → the journal's section whose leave-one-seed-out table the long cells come from
+    ("tool-math", 32): "## Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
+    ("search", 32): "## Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
+}
+
+
 def test_the_long_study_runs_each_reading_at_the_cell_the_300_step_study_chose_most_often():
-    """The long presets' cells are fixed from the 300-step record before any long run: per task and reading, the cell
-    leave-one-seed-out chose most often over the 12-cell grid at 64 updates (ties would have to be named: none)."""
+    """The long presets' cells are fixed from the 300-step record before any long run at that lag: per task, lag and
+    reading, the cell leave-one-seed-out chose most often over the 12-cell grid (ties would have to be named: none);
+    every lag with cells runs every lagged baseline."""
     import collections
     import pathlib
 
@@ -814,24 +821,24 @@ def test_the_long_study_runs_each_reading_at_the_cell_the_300_step_study_chose_m
 
     journal = pathlib.Path(__file__).parent.parent / "docs" / "journal"
     results = "\n".join(f.read_text(encoding="utf-8") for f in sorted(journal.glob("*.md")))
-    headings = {
-        "tool-math": "## Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
-        "search": "## Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
-    }
-    for task, heading in headings.items():
-        chosen = _chosen_per_seed(results, heading, 32)
-        assert sorted(chosen) == ["behavior", "interpolated", "recomputed"], (task, chosen)
+    assert sorted(LONG_CHOICES) == sorted((task, k) for task, lags in LONG_CELLS.items() for k in lags)
+    for (task, k), heading in LONG_CHOICES.items():
+        chosen = _chosen_per_seed(results, heading, k)
+        assert sorted(chosen) == ["behavior", "interpolated", "recomputed"], (task, k, chosen)
         for reading, picks in chosen.items():
             (top, n), *rest = collections.Counter(picks).most_common()
-            assert len(picks) == 5 and (not rest or rest[0][1] < n), (task, reading, picks)  # a unique mode
-            assert LONG_CELLS[task][reading] == top, (task, reading)
+            assert len(picks) == 5 and (not rest or rest[0][1] < n), (task, k, reading, picks)  # a unique mode
+            assert LONG_CELLS[task][k][reading] == top, (task, k, reading)
+    for task, lags in LONG_CELLS.items():
         space, base = PRESETS[f"regime-{task}-long"]
-        assert base == PRESETS[f"regime-{task}"][1] and space.steps == 1000 and space.staleness == [32]
+        assert base == PRESETS[f"regime-{task}"][1] and space.steps == 1000 and space.staleness == sorted(lags)
         assert not set(LONG_SEEDS) & set(range(10)) and space.seeds == LONG_SEEDS  # seeds the study never ran
-        copc = {p.method: (p.tau_policy, p.tau_advantage) for p in space.grid() if p.method.startswith("copc")}
-        assert copc == {f"copc[{r}]": cell for r, cell in LONG_CELLS[task].items()}
-        baselines = {p.method for p in space.grid()} - set(copc)
-        assert "cispo" in baselines and "tis" in baselines and "sync_ppo" not in baselines and len(baselines) == 13
+        for k, cells in lags.items():
+            at = [p for p in space.grid() if p.staleness == k]
+            copc = {p.method: (p.tau_policy, p.tau_advantage) for p in at if p.method.startswith("copc")}
+            assert copc == {f"copc[{r}]": cell for r, cell in cells.items()}
+            baselines = {p.method for p in at} - set(copc)
+            assert "cispo" in baselines and "tis" in baselines and "sync_ppo" not in baselines and len(baselines) == 13
 
 
 def test_naming_methods_of_a_preset_keeps_their_cells_and_a_new_method_gets_its_defaults():
