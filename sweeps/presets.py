@@ -73,6 +73,7 @@ LONG_STEPS = 1000
 LONG_SEEDS = [100, 101, 102, 103, 104]
 LONG_CELLS = {  # task → k (versions; 2 optimizer updates each) → reading → (τ_p, τ_a)
     "tool-math": {
+        8: {"recomputed": (1.5, 1.0), "behavior": (4.0, 1.1), "interpolated": (4.0, 1.1)},
         32: {"recomputed": (4.0, 1.25), "behavior": (1.5, 1.5), "interpolated": (4.0, 1.25)},
     },
     "search": {

@@ -799,7 +799,7 @@ def _chosen_per_seed(results: str, heading: str, k: int) -> dict[str, list[tuple
     for line in section.splitlines():
         m = re.match(rf"\| copc\[(\w+)\] \| {k} \| [^|]+\| [^|]+\| (0: τ_p [^|]+) \|", line)
         if m:
-            cells = [re.match(r"\d: τ_p ([\d.]+)(?: τ_a ([\d.]+))?$", c.strip()) for c in m.group(2).split(";")]
+            cells = [re.match(r"\d: τ_p ([\d.]+)(?: τ_a ([\d.]+|inf))?$", c.strip()) for c in m.group(2).split(";")]
             out[m.group(1)] = [(float(c.group(1)), float(c.group(2) or "inf")) for c in cells]
     return out
 
@@ -807,6 +807,10 @@ def _chosen_per_seed(results: str, heading: str, k: int) -> dict[str, list[tuple
 LONG_CHOICES = {  # (task, k) → the journal's section whose leave-one-seed-out table the long cells come from
     ("tool-math", 32): "## Tool-math at 64 updates of lag, seeds 0–4 (every reading's 12 cells, every baseline)",
     ("search", 32): "## Search at 64 updates: the behavior and interpolated readings' narrow bands (step 3)",
+    (
+        "tool-math",
+        8,
+    ): "## Tool-math at 16 updates of lag (k = 8), seeds 0–4, regenerated here: every reading's 12 cells",
 }
 
 
