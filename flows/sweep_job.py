@@ -353,7 +353,7 @@ def grid_table(study, space: SweepSpace) -> str:
         lines.append(
             f"{level} = {k}" + ("   (all collapsed)" if at and all(r["collapsed"] == r["seeds"] for r in at) else "")
         )
-        for key in space.keys():
+        for key in space.method_keys():
             mine = [r for r in rows if r["method"] == key and r["staleness"] == k]
             if not mine:
                 continue

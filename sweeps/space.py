@@ -228,8 +228,9 @@ class SweepSpace(BaseModel):
         """The entry of this key (entries of one key share their method and reading: any one of them)."""
         return next(m for m in self.methods if m.key == key)
 
-    def keys(self) -> list[str]:
-        """The methods' keys, each once, in the order of their entries."""
+    def method_keys(self) -> list[str]:
+        """The methods' keys, each once, in the order of their entries. (Not `keys`: `dict(space)`, as Prefect reads a
+        flow's pydantic parameters, would take the model for a mapping.)"""
         return list(dict.fromkeys(m.key for m in self.methods))
 
     def grid(self) -> list[SweepPoint]:
@@ -298,14 +299,14 @@ def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None, na
     lines = []
     for m in parse_methods(methods) if methods else []:
         key = f"{m['name']}[{m['anchor']}]" if "anchor" in m else m["name"]
-        spelled = [k for k in space.keys() if space.method(k).name == m["name"]]
+        spelled = [k for k in space.method_keys() if space.method(k).name == m["name"]]
         if key not in spelled and spelled:
             lines.append(
                 f"{named}: {key} is not an entry of this sweep (it has {', '.join(spelled)}): a new entry, its bands "
                 "the registry's defaults where none is given"
             )
     running = {p.method for p in grown.grid()}
-    for key in grown.keys():
+    for key in grown.method_keys():
         if key not in running:
             own = sorted({k for e in grown.methods if e.key == key for k in e.staleness or []})
             why = (

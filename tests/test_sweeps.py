@@ -94,6 +94,7 @@ def test_methods_are_an_axis_with_their_own_bands_and_readings():
     tis = space.run_config(base, by_method["tis"][-1])
     assert tis.method.name == "tis" and tis.method.tau_policy is None and tis.train.staleness == 4
     assert SweepSpace.model_validate_json(space.model_dump_json()) == space
+    assert dict(space)["methods"] == space.methods  # as Prefect reads a flow's parameter: a model, not a mapping
     with pytest.raises(ValidationError, match="distinct"):
         SweepSpace(methods=["copc", "copc"])
     with pytest.raises(ValidationError, match="no method of the sweep has that band"):
@@ -906,7 +907,7 @@ def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lag
     space = SweepSpace(methods=[*entries, "tis"], staleness=[8, 32], seeds=[0, 1])
     got = {(p.method, p.tau_policy, p.tau_advantage, p.staleness) for p in space.grid()}
     assert got == {("copc[behavior]", *at[k], k) for k in at} | {("tis", None, None, k) for k in at}
-    assert len(space.grid()) == 4 * 2 and space.keys() == ["copc[behavior]", "tis"]
+    assert len(space.grid()) == 4 * 2 and space.method_keys() == ["copc[behavior]", "tis"]
     assert SweepSpace.model_validate_json(space.model_dump_json()) == space
     assert with_axes(space, methods="copc[behavior]").grid() == [p for p in space.grid() if p.method != "tis"]
     assert {p.tau_policy for p in with_axes(space, staleness=[8]).grid() if p.method == "copc[behavior]"} == {4.0}
