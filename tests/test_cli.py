@@ -476,6 +476,7 @@ def test_copc_train_by_default_is_a_trial_of_the_default_sweep_and_a_cells_flags
 
 
 def test_the_sweep_form_is_a_preset_the_axes_and_overrides_resolved_as_the_cli_resolves_its_flags(tmp_path):
+    from prefect.utilities.collections import visit_collection
     from pydantic import ValidationError
 
     from copc_core.config import with_overrides
@@ -498,6 +499,9 @@ def test_the_sweep_form_is_a_preset_the_axes_and_overrides_resolved_as_the_cli_r
     assert [m.key for m in got_space.methods] == ["copc[behavior]", "tis"] and got_space.seeds == [7]
     assert got_space.methods[0].tau_policy == [4.0, math.inf] and got_space.methods[1].tau_policy is None
     assert SweepParams().resolved() == ("embedded-default", *sweep_preset("embedded-default"))  # empty: the preset
+    # the form as the flow engine resolves its parameter (a SweepSpace with keys() once read as a mapping here)
+    whole = SweepParams(space=got_space, base=got_base)
+    assert visit_collection(whole, visit_fn=lambda x: x, return_data=True) == whole
     for bad, field in (
         ({"methods": "copc;rm -rf"}, "methods"),
         ({"methods": "ppo9"}, "valid methods"),
