@@ -302,8 +302,8 @@ def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None, na
         spelled = [k for k in space.method_keys() if space.method(k).name == m["name"]]
         if key not in spelled and spelled:
             lines.append(
-                f"{named}: {key} is not an entry of this sweep (it has {', '.join(spelled)}): a new entry, its bands "
-                "the registry's defaults where none is given"
+                f"{named}: {key} is not an entry of this sweep (it has {', '.join(spelled)}): it runs as a new "
+                "entry, a band not given taking the registry's default, not those entries' cells"
             )
     running = {p.method for p in grown.grid()}
     for key in grown.method_keys():

@@ -55,7 +55,7 @@ with get_client(sync_client=True) as c:
     tasks = tasks_of(c, run)
     ui = run_deployment("copc-sweep/embedded-default", timeout=600, parameters=form)
     ui_trials = sorted(t.name for t in tasks_of(c, ui) if t.task_key.startswith("trial"))
-    print("FORM_RUN", json.dumps([ui.state.type.value, ui_trials]))
+    print("FORM_RUN", json.dumps([ui.state.type.value, ui_trials, str(ui.id)]))
 print("TRIAL_LINES", sum(l.message.startswith("trial ") for l in logs))
 print("TRIAL_NODES", json.dumps(sorted([t.name, t.state.type.value] for t in tasks if t.task_key.startswith("trial"))))
 times = [(t.name, t.start_time.timestamp(), t.end_time.timestamp()) for t in tasks if t.end_time]
@@ -73,11 +73,12 @@ def _printed(out: str, key: str):
     return json.loads(out.split(f"{key} ")[1].splitlines()[0])
 
 
-def _trigger_sweeps(env: dict[str, str], data: pathlib.Path, serve_log: pathlib.Path) -> str:
-    """TRIGGER's two sweeps and the report; checks what Prefect's API shows of them, returns the first's run id."""
+def _trigger_sweeps(env: dict[str, str], data: pathlib.Path, serve_log: pathlib.Path) -> tuple[str, str]:
+    """TRIGGER's two sweeps and the report; checks what Prefect's API shows of them, returns the two sweeps' run
+    ids (the whole space's, the form's)."""
     form = _sweep_params(
-        "ui", data, methods="copc", tau_policy=[2.0], tau_advantage=[1.0], staleness=[1], seeds=[0], steps=2
-    )
+        "ui", data, methods="copc[behavior]", tau_policy=[2.0], tau_advantage=[1.0], staleness=[1], seeds=[0], steps=2
+    )  # a reading the preset does not spell: its flow run says so in its log
     space = _sweep_params(
         "it",
         data,
@@ -116,12 +117,13 @@ def _trigger_sweeps(env: dict[str, str], data: pathlib.Path, serve_log: pathlib.
     assert "| copc | 2.000 | 1.000 | 1 | 1 |" in artifact and "| tis | — | — | 1 | 1 |" in artifact
     assert artifact.count("](http://127.0.0.1:") >= 4  # the parent run and the three trials, as links
     # the form's short fields, as the UI's Submit sends them: one trial
-    assert _printed(out.stdout, "FORM_RUN") == ["COMPLETED", ["copc tp=2 ta=1 k=1 s=0"]], out.stdout[-2000:]
+    state, trials, form_run = _printed(out.stdout, "FORM_RUN")
+    assert [state, trials] == ["COMPLETED", ["copc[behavior] tp=2 ta=1 k=1 s=0"]], out.stdout[-2000:]
     # a caller of the API may not choose where files are written
     assert "EVIL FAILED" in out.stdout and not (data.parent / "evil").exists()
     assert "must lie inside the data folder" in serve_log.read_text()
     _check_mlflow_and_optuna(env["MLFLOW_TRACKING_URI"], data, times)
-    return run_id
+    return run_id, form_run
 
 
 def _check_mlflow_and_optuna(mlflow_url: str, data: pathlib.Path, times: dict[str, list[float]]) -> None:
@@ -198,7 +200,7 @@ def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(
         serve = start_serve(env, tmp_path / "serve.log")
         try:
             _check_forms(browser, stack, tmp_path)
-            run = _trigger_sweeps(env, tmp_path, tmp_path / "serve.log")
+            run, form_run = _trigger_sweeps(env, tmp_path, tmp_path / "serve.log")
             browser.get(f"{stack.prefect_url}/runs/flow-run/{run}")
             wait_for(browser, lambda d: "Task Runs" in page_text(d), 60, "the flow run")
             screenshot(browser, "prefect-sweep-run.png", tmp_path)
@@ -211,6 +213,12 @@ def test_deployments_served_by_copc_serve_in_the_prefect_ui_and_through_its_api(
             )
             for node in ("warm start (SFT)", "copc tp=2 ta=2 k=1 s=0", "tis k=1 s=0"):
                 assert node in text, (node, text[:3000])
+            # the form's run says in its log that `copc[behavior]` is not the preset's `copc` (the logs tab first)
+            browser.get(f"{stack.prefect_url}/runs/flow-run/{form_run}")
+            notice = "methods: copc[behavior] is not an entry of this sweep (it has copc)"
+            text = wait_for(browser, lambda d: notice in page_text(d) and page_text(d), 60, "the form run's log")
+            assert text[: text.index(notice)].rstrip().endswith("WARNING"), text[:3000]  # its level's badge
+            screenshot(browser, "prefect-form-run-notice.png", tmp_path)
         finally:
             serve.terminate()
             serve.wait(timeout=60)

@@ -874,7 +874,7 @@ def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
     said = notice(regime, "copc,copc[behavior],tis,copc_policy_only")
     assert said == (
         "--methods: copc is not an entry of this sweep (it has copc[recomputed], copc[behavior], copc[interpolated]): "
-        "a new entry, its bands the registry's defaults where none is given"
+        "it runs as a new entry, a band not given taking the registry's default, not those entries' cells"
     )
     assert notice(regime, "copc[behavior],tis") is None and methods_notice(regime, regime, None) is None
     default = PRESETS["embedded-default"][0]
