@@ -325,7 +325,8 @@ def _mean(values: list[float]) -> float:
 
 
 def _sd(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else float("nan")
+    """The sample sd; NaN for fewer than two values or any NaN among them (statistics.stdev raises on a NaN)."""
+    return statistics.stdev(values) if len(values) > 1 and not any(v != v for v in values) else float("nan")
 
 
 def _cell(mean: float, sd: float) -> str:

@@ -953,6 +953,29 @@ def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lag
     assert "τ_p = 1.5 " in k32 and "inf" in k32 and "1.25" not in k32, table
 
 
+def test_the_sweep_table_reads_a_trial_that_lacks_its_final_accuracy():
+    """A finished trial without a `final_accuracy` attribute (an older study's) gave NaN, and statistics.stdev raised
+    AttributeError on it at the end of the sweep: its cell's final sd is NaN now, the objective's still computed."""
+    from flows.sweep_job import sweep_rows
+
+    space = SweepSpace(methods=["tis"], staleness=[1], seeds=[0, 1], steps=2)
+    study = optuna.create_study()
+    for seed, attrs in ((0, {"final_accuracy": 0.5}), (1, {})):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"staleness": 1, "seed": seed},
+                distributions={
+                    "staleness": optuna.distributions.CategoricalDistribution([1]),
+                    "seed": optuna.distributions.CategoricalDistribution([0, 1]),
+                },
+                value=0.5 + seed / 10,
+                user_attrs={"method": "tis", "tau_policy": "None", "tau_advantage": "None", **attrs},
+            )
+        )
+    (row,) = sweep_rows(study, space)
+    assert row["seeds"] == 2 and math.isnan(row["final_sd"]) and row["objective_sd"] == pytest.approx(0.1 / 2**0.5)
+
+
 def test_a_study_whose_trials_ran_another_definition_of_their_method_is_not_grown(tmp_path, monkeypatch):
     """A point's config hash covers its RunConfig, not the registry row its method names: after a row's default
     changed, a grown study reused results of the old definition. Each trial now records the method as resolved; a
