@@ -8,7 +8,8 @@ collapses, the realised lag in optimizer updates, and the per-token behavior-rat
 (share of ρ = π_old/μ inside [0.8, 1.25], mean 1 % / 99 % quantiles of log ρ); with two or more nonzero
 lags, each baseline's final accuracy between consecutive lags, paired by seed (AReaL's finding). Then, for collapsed
 runs, whether an ESS drop or a grad-norm spike came before the collapse (VCPO's early warnings), and
-the report's claims section (reports/claims.py) when the sweep holds a two-channel grid.
+the report's claims section (reports/claims.py) when the sweep holds a two-channel grid. With --long, the long
+study's read-outs and claim (c) by its plan's written criteria, per lag (`claim_c_table`; a slice is not read).
 """
 
 from __future__ import annotations
@@ -215,6 +216,62 @@ def long_table(runs: pd.DataFrame, curves: pd.DataFrame, marks: tuple[int, ...] 
     return "\n".join(lines)
 
 
+LATE_AFTER = 300  # the 300-step study's horizon: a collapse past it is late (the long study's plan)
+FEW_BASELINES = 3  # the plan's refuting clause: at most this many baselines collapse in 2 or more of 5 runs
+
+
+def claim_c_table(runs: pd.DataFrame, expected: dict[int, list[str]], seeds: int = 5) -> str:
+    """Claim (c) by the long study's written criteria (docs/journal/2026-12-06-1-long-study-plan.md), per k over the
+    methods `expected` there (COPC's readings, `copc[...]`, and the baselines): *confirmed* if some reading collapses
+    in at most 1 of its runs while more than half of the baselines collapse in 2 or more past step 300; *refuted* if
+    no reading collapses less often than the least-collapsing baseline, or at most 3 baselines collapse in 2 or more
+    (at any step); otherwise *partly*. Read only once every expected method has `seeds` runs (a slice: not read)."""
+    scored = runs[runs["scored"]]
+    lines = [
+        "| k | methods with all their runs | readings' collapses | least-collapsing baseline | baselines collapsing "
+        f"in ≥ 2 runs (past step {LATE_AFTER}) | claim (c) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, methods in sorted(expected.items()):
+        at = scored[scored["staleness"] == k]
+        late = at["collapsed"] & (at["collapse_step"] > LATE_AFTER)
+        runs_of = at.groupby("method").size()
+        falls = at.groupby("method")["collapsed"].sum()
+        late_falls = late.groupby(at["method"]).sum()
+        readings = [m for m in methods if m.startswith("copc[")]
+        baselines = [m for m in methods if m not in readings]
+        done = [m for m in methods if runs_of.get(m, 0) >= seeds]
+        least = min((int(falls[b]) for b in baselines if b in falls.index), default=None)  # of those that ran
+        two = [b for b in baselines if falls.get(b, 0) >= 2]
+        two_late = [b for b in baselines if late_falls.get(b, 0) >= 2]
+        holds = []
+        if any(falls.get(r, 0) <= 1 for r in readings) and len(two_late) > len(baselines) / 2:
+            holds.append("confirmed")
+        if least is None or not any(falls.get(r, 0) < least for r in readings) or len(two) <= FEW_BASELINES:
+            holds.append("refuted")
+        verdict = (
+            " and ".join(holds) or "partly"
+            if len(done) == len(methods)
+            else f"not read: a slice ({len(done)} of {len(methods)} methods)"
+        )
+        lines.append(
+            f"| {k} | {len(done)} of {len(methods)} | "
+            + ", ".join(f"{r.removeprefix('copc')} {int(falls.get(r, 0))}/{int(runs_of.get(r, 0))}" for r in readings)
+            + f" | {'—' if least is None else least} | {len(two)} of {len(baselines)} ({len(two_late)}) | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def long_expected(sweep: str, runs: pd.DataFrame) -> dict[int, list[str]]:
+    """The methods a long study runs at each k: its preset's grid when the sweep is a preset, else the runs' own."""
+    from sweeps.presets import PRESETS
+
+    if sweep in PRESETS:
+        grid = PRESETS[sweep][0].grid()
+        return {k: sorted({p.method for p in grid if p.staleness == k}) for k in sorted({p.staleness for p in grid})}
+    return {int(k): sorted(g["method"].unique()) for k, g in runs.groupby("staleness")}
+
+
 def _seeds(text: str) -> list[int]:
     """'0-4' or '0,1,2' → seeds."""
     if "-" in text:
@@ -270,6 +327,8 @@ def main() -> None:
     if args.long:
         print(f"### {args.sweep}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")
         print(long_table(runs, curves_frame(found["trials"])))
+        print("\nClaim (c) by the long study's plan (docs/journal/2026-12-06-1-long-study-plan.md):\n")
+        print(claim_c_table(runs, long_expected(args.sweep, runs)))
         return
     if args.tau_advantage is not None:
         runs = cut_grids(runs, args.tau_advantage)

@@ -107,3 +107,52 @@ def test_the_seed_spread_ratio_reads_an_f_interval():
     ratio, low, high = sd_ratio(2 * one, one)  # twice the spread
     assert ratio == pytest.approx(2.0)
     assert (low, high) == pytest.approx((2 / 9.6045**0.5, 2 * 9.6045**0.5), rel=1e-4)
+
+
+def _falls(k: int, collapses: dict[str, list[int]], runs: int = 5) -> pd.DataFrame:
+    """Runs of each method at lag k, the first ones collapsed at the steps given, the rest not."""
+    return pd.DataFrame(
+        [
+            {"method": m, "staleness": k, "scored": True, "collapsed": i < len(steps), "collapse_step": steps[i]}
+            if i < len(steps)
+            else {"method": m, "staleness": k, "scored": True, "collapsed": False, "collapse_step": math.nan}
+            for m, steps in collapses.items()
+            for i in range(runs)
+        ]
+    )
+
+
+def test_claim_c_is_read_by_the_long_studys_written_criteria():
+    """The plan's clauses (docs/journal/2026-12-06-1-long-study-plan.md) on tool-math's 64-update long runs as the
+    journal prints their collapse steps (2026-12-06-6): 7 of 13 baselines collapse in 2 or more runs, 5 of them past
+    step 300 (V-trace's third at step 300 is not past it), the least-collapsing baselines never: refuted, as RESULTS
+    says; then one case per other branch, and a slice not read."""
+    from bench.regime_tables import claim_c_table
+
+    journal = {
+        "a3po": [915], "async_ppo": [], "async_ppo_recompute": [55, 65, 110, 125, 325], "cispo": [890, 970],
+        "copc[behavior]": [], "copc[interpolated]": [730], "copc[recomputed]": [910], "decoupled_ppo": [755, 985],
+        "geo_rs": [], "icepop": [940], "m2po": [325, 940], "seq_mis": [530, 850], "seq_tis": [745, 825, 970],
+        "tis": [975], "vcpo": [1000], "vtrace": [75, 75, 300],
+    }  # fmt: skip
+    methods = sorted(journal)
+    row = claim_c_table(_falls(32, journal), {32: methods}).splitlines()[2]
+    assert row == "| 32 | 16 of 16 | [behavior] 0/5, [interpolated] 1/5, [recomputed] 1/5 | 0 | 7 of 13 (5) | refuted |"
+    baselines = [m for m in methods if not m.startswith("copc[")]
+    readings = ["copc[behavior]", "copc[interpolated]", "copc[recomputed]"]
+
+    def verdict(collapses: dict[str, list[int]]) -> str:
+        return claim_c_table(_falls(8, collapses), {8: methods}).splitlines()[2].split(" | ")[-1].rstrip(" |")
+
+    late, early = [500, 900], [50, 100]
+    # a reading at 0 while 7 baselines collapse twice late and the rest once: confirmed
+    confirming = {r: [] for r in readings} | {b: late if i < 7 else [800] for i, b in enumerate(baselines)}
+    assert verdict(confirming) == "confirmed"
+    # the same with 6 late and one early: no branch holds
+    assert verdict(confirming | {baselines[6]: early}) == "partly"
+    # the same with one baseline never collapsing and the readings once: both branches' clauses hold, both said
+    both = confirming | {baselines[12]: [], **{r: [700] for r in readings}}
+    assert verdict(both) == "confirmed and refuted"
+    # a method short of its five runs: not read
+    short = _falls(8, confirming)
+    assert "not read: a slice (15 of 16 methods)" in claim_c_table(short.iloc[1:], {8: methods})
