@@ -579,8 +579,8 @@ def _sweep_plan(name, preset, task, space_file, config, methods, tau_policy, tau
     base = build_run_config(config, {}, task, base=preset_base)
     try:
         for m in space.methods:  # each entry's first point (an entry with no point at these lags: none to build)
-            for k in m.lags(space.staleness)[:1]:
-                space.run_config(base, SweepPoint(m.key, *m.bands()[0], k, space.seeds[0]))
+            if lags := m.lags(space.staleness):
+                space.run_config(base, SweepPoint(m.key, *m.bands()[0], lags[0], space.seeds[0]))
     except ValidationError as err:
         _fail(_validation_message(err))
     return name, space, base

@@ -208,8 +208,10 @@ class SweepSpace(BaseModel):
     @model_validator(mode="after")
     def _valid_points(self) -> SweepSpace:
         for a, b in itertools.combinations(self.methods, 2):
+            if a.key != b.key:
+                continue
             lags = set(a.staleness or self.staleness) & set(b.staleness or self.staleness) & set(self.staleness)
-            if a.key == b.key and ((a.name, a.anchor) != (b.name, b.anchor) or lags):
+            if (a.name, a.anchor) != (b.name, b.anchor) or lags:
                 raise ValueError(
                     "methods must be distinct (give a `label` to tell two entries apart, or each entry of one method "
                     f"its own `staleness`), got {a.key} twice"
@@ -297,8 +299,8 @@ def methods_notice(space: SweepSpace, grown: SweepSpace, methods: str | None, na
     lags of their own) does not run. `named`: what the methods axis is called where it was given (`--methods`, the
     form's `methods`). None when neither happened."""
     lines = []
-    for m in parse_methods(methods) if methods else []:
-        key = f"{m['name']}[{m['anchor']}]" if "anchor" in m else m["name"]
+    for m in parse_methods(methods) if methods else []:  # every name valid: `grown` was made of them
+        key = SweptMethod(**m).key
         spelled = [k for k in space.method_keys() if space.method(k).name == m["name"]]
         if key not in spelled and spelled:
             lines.append(
@@ -335,14 +337,11 @@ def with_axes(
         has: dict[str, list[dict]] = {}
         for entry in space.methods:
             has.setdefault(entry.key, []).append(entry.model_dump(mode="json"))
-        named = [SweptMethod(**m).key if m["name"] in method_names() else m["name"] for m in parse_methods(methods)]
-        if twice := sorted({key for key in named if named.count(key) > 1}):
+        named = [(m, SweptMethod(**m).key if m["name"] in method_names() else None) for m in parse_methods(methods)]
+        keys = [key or m["name"] for m, key in named]
+        if twice := sorted({key for key in keys if keys.count(key) > 1}):
             raise ValueError(f"methods: {', '.join(twice)} named twice")
-        data["methods"] = [
-            e
-            for m in parse_methods(methods)
-            for e in (has.get(SweptMethod(**m).key, [m]) if m["name"] in method_names() else [m])
-        ]
+        data["methods"] = [e for m, key in named for e in has.get(key, [m])]
     for band, values in zip(BANDS, (tau_policy, tau_advantage)):
         if values is None:
             continue

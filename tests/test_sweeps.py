@@ -15,8 +15,10 @@ from copc_core.results import TrialResult
 from copc_core.train.stability import RunSummary
 from sweeps.space import SweepPoint, SweepSpace, objective_value
 from sweeps.study import (
+    BANDS,
     FAIL_REASON,
     MANAGED,
+    METHOD,
     open_study,
     pending_points,
     run_study,
@@ -891,6 +893,25 @@ def test_a_method_named_otherwise_than_the_presets_entries_of_it_is_said():
         with_axes(regime, "tis,copc[behavior],tis,copc[behavior]")
 
 
+def _finished_study(space: SweepSpace, attrs_of) -> optuna.Study:
+    """An in-memory study with a finished trial of every point of `space` recorded as `run_study` records one (its
+    parameters, method and exact bands), objective 0.5 + seed / 10, and `attrs_of(point)` among its attributes."""
+    study = optuna.create_study()
+    distributions = study_distributions(space.grid())
+    for p in space.grid():
+        numbers = study_params(p)
+        attrs = {METHOD: p.method, **{b: str(getattr(p, b)) for b in BANDS}, **attrs_of(p)}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=numbers,
+                distributions={k: distributions[k] for k in numbers},
+                value=0.5 + p.seed / 10,
+                user_attrs=attrs,
+            )
+        )
+    return study
+
+
 def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lags():
     """The long study runs each reading at the cell chosen at that lag: entries of one key, each with its `staleness`,
     give the points of each entry at its lags only (through JSON too); entries of one key whose lags meet in the sweep,
@@ -928,25 +949,7 @@ def test_one_method_has_other_bands_at_other_lags_as_entries_each_at_its_own_lag
             ],
             staleness=[8, 32],
         )
-    study = optuna.create_study()
-    for p in space.grid():
-        study.add_trial(
-            optuna.trial.create_trial(
-                params={"staleness": p.staleness, "seed": p.seed},
-                distributions={
-                    "staleness": optuna.distributions.CategoricalDistribution([8, 32]),
-                    "seed": optuna.distributions.CategoricalDistribution([0, 1]),
-                },
-                value=0.5 + p.seed / 10,
-                user_attrs={
-                    "method": p.method,
-                    "tau_policy": str(p.tau_policy),
-                    "tau_advantage": str(p.tau_advantage),
-                    "final_accuracy": 0.5 + p.seed / 10,
-                },
-            )
-        )
-    table = grid_table(study, space)
+    table = grid_table(_finished_study(space, lambda p: {"final_accuracy": 0.5 + p.seed / 10}), space)
     assert table.count("copc[behavior]") == 2 and table.count("tis") == 2, table  # one block per key and lag
     k8, k32 = table.split("k = 8")[1].split("k = 32")
     assert "τ_p = 4 " in k8 and "1.25" in k8 and "inf" not in k8, table
@@ -959,19 +962,7 @@ def test_the_sweep_table_reads_a_trial_that_lacks_its_final_accuracy():
     from flows.sweep_job import sweep_rows
 
     space = SweepSpace(methods=["tis"], staleness=[1], seeds=[0, 1], steps=2)
-    study = optuna.create_study()
-    for seed, attrs in ((0, {"final_accuracy": 0.5}), (1, {})):
-        study.add_trial(
-            optuna.trial.create_trial(
-                params={"staleness": 1, "seed": seed},
-                distributions={
-                    "staleness": optuna.distributions.CategoricalDistribution([1]),
-                    "seed": optuna.distributions.CategoricalDistribution([0, 1]),
-                },
-                value=0.5 + seed / 10,
-                user_attrs={"method": "tis", "tau_policy": "None", "tau_advantage": "None", **attrs},
-            )
-        )
+    study = _finished_study(space, lambda p: {"final_accuracy": 0.5} if p.seed == 0 else {})
     (row,) = sweep_rows(study, space)
     assert row["seeds"] == 2 and math.isnan(row["final_sd"]) and row["objective_sd"] == pytest.approx(0.1 / 2**0.5)
 
