@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -127,46 +128,58 @@ def _bootstrap(samples: tuple, statistic, key: tuple, level: float) -> tuple[flo
     return float(ci.confidence_interval.low), float(ci.confidence_interval.high)
 
 
-def cell_finals(runs: pd.DataFrame) -> dict[tuple[str, int], dict[str, np.ndarray]]:
-    """Final held-out accuracy of the scored runs per (method, k) and cell: {(method, k): {cell label: values}}. A
-    method swept over a grid has a cell each (its runs at one setting are the replicates rliable aggregates over)."""
+class MethodRuns(NamedTuple):
+    finals: np.ndarray  # final held-out accuracy of the runs rliable aggregates over
+    cells: int  # the cells they come from: 1, or the grid's cells a seed's pick was chosen among
+
+
+def method_finals(runs: pd.DataFrame) -> dict[tuple[str, int], MethodRuns]:
+    """Per (method, k), the runs the aggregates compare methods by. A method at one cell: its runs. A method swept over
+    a grid: on each seed, the run at the cell chosen on the other seeds (leave-one-seed-out, `selection_free_scores`
+    on final accuracy), so a grid's best-of-N is not favoured by selection over a one-cell baseline; a grid run on one
+    seed has none."""
     scored = runs[runs["scored"]]
-    bands = method_bands(runs)
-    out: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-    for (method, k, tp, ta), g in scored.groupby(_CELL, sort=True):
-        label = cell_label(method, tp, ta, bands[method])
-        out.setdefault((method, int(k)), {})[label] = g["final_accuracy"].to_numpy(float)
-    return out
+    cells = scored.groupby(["method", "staleness"], sort=True)[["tau_policy", "tau_advantage"]].value_counts()
+    per_key = cells.groupby(level=["method", "staleness"]).size()
+    out = {
+        (m, int(k)): MethodRuns(g["final_accuracy"].to_numpy(float), 1)
+        for (m, k), g in scored.groupby(["method", "staleness"], sort=True)
+        if per_key[(m, k)] == 1
+    }
+    grids = sorted({m for (m, k), n in per_key.items() if n > 1})
+    picks = selection_free_scores(runs, {m: [m] for m in grids}, "final_accuracy")
+    for (m, k), g in picks[picks["kind"] == "tuned"].groupby(["family", "staleness"], sort=True):
+        if per_key[(m, k)] > 1:
+            out[(m, int(k))] = MethodRuns(g["score"].to_numpy(float), int(per_key[(m, k)]))
+    return dict(sorted(out.items()))
 
 
 def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
-    """Per cell (a method at one setting) and k: the IQM of final held-out accuracy over its runs with a percentile
-    bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
+    """Per method and k (`method_finals`: a grid by its selection-free picks): the IQM of final held-out accuracy with
+    a percentile bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
     rows = []
-    for (_, k), cells in sorted(cell_finals(runs).items()):
-        for cell, x in cells.items():
-            low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", cell, k), level)
-            rows.append({"cell": cell, "staleness": k, "n": len(x), "iqm": float(iqm(x)), "low": low, "high": high})
-    return pd.DataFrame(rows, columns=["cell", "staleness", "n", "iqm", "low", "high"])
+    for (method, k), (x, cells) in method_finals(runs).items():
+        low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", method, k), level)
+        row = {"method": method, "staleness": k, "cells": cells, "n": len(x), "iqm": float(iqm(x))}
+        rows.append(row | {"low": low, "high": high})
+    return pd.DataFrame(rows, columns=["method", "staleness", "cells", "n", "iqm", "low", "high"])
 
 
 def improvement_table(
     runs: pd.DataFrame, readings: list[str], baselines: list[str], level: float = LEVEL
 ) -> pd.DataFrame:
-    """Per k, each cell of each reading against each baseline: P(the cell's final accuracy > the baseline's) with its
-    percentile bootstrap interval (both samples resampled)."""
-    finals = cell_finals(runs)
+    """Per k, each reading against each baseline (`method_finals`): P(a run of the reading ends above a run of the
+    baseline) with its percentile bootstrap interval (both samples resampled)."""
+    finals = method_finals(runs)
     rows = []
-    for (method, k), cells in sorted(finals.items()):
-        if method not in readings:
-            continue
-        for base in baselines:
-            for base_cell, y in finals.get((base, k), {}).items():
-                for cell, x in cells.items():
-                    low, high = _bootstrap((x, y), improvement_probability, ("improve", cell, base_cell, k), level)
-                    p = float(improvement_probability(x, y))
-                    rows.append({"cell": cell, "baseline": base_cell, "staleness": k, "p": p, "low": low, "high": high})
-    return pd.DataFrame(rows, columns=["cell", "baseline", "staleness", "p", "low", "high"])
+    for (method, k), (x, _) in finals.items():
+        for base in baselines if method in readings else []:
+            if (base, k) in finals:
+                y = finals[(base, k)].finals
+                low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
+                p = float(improvement_probability(x, y))
+                rows.append({"method": method, "baseline": base, "staleness": k, "p": p, "low": low, "high": high})
+    return pd.DataFrame(rows, columns=["method", "baseline", "staleness", "p", "low", "high"])
 
 
 def collapse_interval(collapsed: int, n: int, level: float = LEVEL) -> tuple[float, float]:

@@ -480,38 +480,37 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
 
 
 def performance_profiles(runs: pd.DataFrame) -> go.Figure:
-    """Performance profiles (rliable's): the share of a cell's runs (a method at one setting) whose final held-out
-    accuracy is above τ, against τ, one panel per lag k, one line per cell in a colour of its own (a method's grid
-    in thinner lines)."""
-    scored = runs[runs["scored"]]
-    ks = sorted(scored["staleness"].unique())
-    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
-    taus = np.linspace(0.0, 1.0, 201)
-    low, high = scored["final_accuracy"].min(), scored["final_accuracy"].max()
-    span = [max(0.0, low - 0.05), min(1.0, high + 0.05)]  # where the runs end: the profiles' steps, not empty space
-    from reports.analysis import cell_finals
+    """Performance profiles (rliable's): the share of a method's runs whose final held-out accuracy is above τ, against
+    τ, one panel per lag k, one line per method in a colour of its own; a method swept over a grid is drawn from its
+    selection-free picks (`reports.analysis.method_finals`), named so."""
+    from reports.analysis import method_finals
 
-    cells = cell_finals(runs)
-    colors = _colors([(cell,) for by_cell in cells.values() for cell in by_cell])  # a colour per cell, every panel
-    for col, k in enumerate(ks, start=1):
-        for _, by_cell in sorted((key, v) for key, v in cells.items() if key[1] == k):
-            for cell, finals in by_cell.items():
-                share = (finals[None, :] > taus[:, None]).mean(axis=1)
-                name = html.escape(cell)
-                fig.add_trace(
-                    go.Scatter(
-                        x=taus.tolist(),
-                        y=share.tolist(),
-                        mode="lines",
-                        line={"shape": "hv", "color": colors[(cell,)], "width": 2.5 if len(by_cell) == 1 else 1.5},
-                        name=name,
-                        legendgroup=name,
-                        showlegend=col == 1,
-                        hovertemplate=f"{name}<br>%{{y:.2f}} of {len(finals)} runs above %{{x:.2f}}<extra></extra>",
-                    ),
-                    row=1,
-                    col=col,
-                )
+    finals = method_finals(runs)
+    ks = sorted({k for _, k in finals})
+    fig = make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    taus = np.linspace(0.0, 1.0, 201)
+    every = np.concatenate([x for x, _ in finals.values()]) if finals else np.array([0.0, 1.0])
+    span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where the runs end, not empty space
+    colors = _colors([(m,) for m, _ in finals])  # a colour per method, every panel
+    shown: set[str] = set()
+    for (method, k), (x, cells) in finals.items():
+        name = html.escape(method if cells == 1 else f"{method} (tuned over {cells} cells)")
+        fig.add_trace(
+            go.Scatter(
+                x=taus.tolist(),
+                y=(x[None, :] > taus[:, None]).mean(axis=1).tolist(),
+                mode="lines",
+                line={"shape": "hv", "color": colors[(method,)], "width": 2},
+                name=name,
+                legendgroup=html.escape(method),
+                showlegend=name not in shown,
+                hovertemplate=f"{name}<br>%{{y:.2f}} of {len(x)} runs above %{{x:.2f}}<extra></extra>",
+            ),
+            row=1,
+            col=ks.index(k) + 1,
+        )
+        shown.add(name)
+    for col in range(1, len(ks) + 1):
         fig.update_xaxes(title_text="final held-out accuracy τ", range=span, row=1, col=col)
     fig.update_yaxes(title_text="share of runs above τ", range=[-0.02, 1.05], row=1, col=1)
     fig.update_layout(title="Performance profiles: the share of runs above each accuracy", height=440, margin={"t": 80})

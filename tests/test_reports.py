@@ -708,16 +708,40 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     records = [trial(f"a{s}", None, None, 4, s, v, method="tis") for s, v in enumerate(x)]  # no band
     records += [trial(f"c{s}", 2.0, 1.0, 4, s, v, method="copc") for s, v in enumerate([0.7, 0.8, 0.75, 0.7, 0.9])]
     runs = frame(records)
-    agg = analysis.aggregates(runs).set_index("cell")
+    agg = analysis.aggregates(runs).set_index("method")
     assert agg.loc["tis", "iqm"] == pytest.approx(0.65) and agg.loc["tis", "low"] <= 0.65 <= agg.loc["tis", "high"]
     improve = analysis.improvement_table(runs, ["copc"], ["tis"]).iloc[0]
-    assert (improve.cell, improve.baseline) == ("copc τ_p 2 τ_a 1", "tis")
+    assert (improve.method, improve.baseline) == ("copc", "tis")
     pairs = [(a, b) for a in [0.7, 0.8, 0.75, 0.7, 0.9] for b in x]
     assert improve.p == pytest.approx(sum((a > b) + 0.5 * (a == b) for a, b in pairs) / 25)
-    # a method swept over a grid: each cell its own row (its runs at one setting are what rliable aggregates over)
-    grid = frame(records + [trial(f"g{s}", 4.0, 1.0, 4, s, 0.2, method="copc") for s in range(5)])
-    assert sorted(analysis.aggregates(grid)["cell"]) == ["copc τ_p 2 τ_a 1", "copc τ_p 4 τ_a 1", "tis"]
-    assert len(analysis.improvement_table(grid, ["copc"], ["tis"])) == 2
     fig = figures.performance_profiles(runs)
     tis = next(tr for tr in fig.data if tr.name == "tis")
     assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)
+
+
+def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_cell():
+    """A method swept over a grid is one method in the aggregates: on each seed, the run at the cell with the best mean
+    over the other seeds. Cell A (τ_p 2) ends 0.95 on seed 0 and 0.5 on the rest, cell B (τ_p 4) 0.6 on every seed:
+    seed 0 held out, A's others average 0.5 < 0.6, so B (0.6); seeds 1–4 held out, A's others average (0.95 + 1.5) / 4
+    = 0.6125 > 0.6, so A (0.5). The picks are (0.6, 0.5, 0.5, 0.5, 0.5) — not B, the best cell on all five seeds —
+    their IQM 0.5 (scipy trims one run from each end)."""
+    a, b = [0.95, 0.5, 0.5, 0.5, 0.5], [0.6] * 5
+    tis = [0.6, 0.1, 0.9, 0.65, 0.7]
+    records = [trial(f"t{s}", None, None, 4, s, v, method="tis") for s, v in enumerate(tis)]
+    records += [trial(f"a{s}", 2.0, 1.0, 4, s, v, method="copc") for s, v in enumerate(a)]
+    records += [trial(f"b{s}", 4.0, 1.0, 4, s, v, method="copc") for s, v in enumerate(b)]
+    runs = frame(records)
+    picks = analysis.method_finals(runs)
+    assert list(picks) == [("copc", 4), ("tis", 4)]
+    assert picks[("copc", 4)].finals.tolist() == [0.6, 0.5, 0.5, 0.5, 0.5] and picks[("copc", 4)].cells == 2
+    assert picks[("tis", 4)].finals.tolist() == tis and picks[("tis", 4)].cells == 1
+    agg = analysis.aggregates(runs).set_index("method")
+    assert agg.loc["copc", "iqm"] == pytest.approx(0.5) and (agg.loc["copc", "cells"], agg.loc["copc", "n"]) == (2, 5)
+    improve = analysis.improvement_table(runs, ["copc"], ["tis"])
+    assert len(improve) == 1  # one row per reading and baseline, not one per cell
+    pairs = [(x, y) for x in [0.6, 0.5, 0.5, 0.5, 0.5] for y in tis]
+    assert improve.iloc[0].p == pytest.approx(sum((x > y) + 0.5 * (x == y) for x, y in pairs) / 25)
+    names = [tr.name for tr in figures.performance_profiles(runs).data]
+    assert names == ["copc (tuned over 2 cells)", "tis"]
+    one_seed = frame([r for r in records if r["run_id"] in ("a0", "b0", "t0")])  # a grid on one seed has no picks
+    assert list(analysis.method_finals(one_seed)) == [("tis", 4)]
