@@ -129,8 +129,9 @@ def _bootstrap(samples: tuple, statistic, key: tuple, level: float) -> tuple[flo
 
 
 class MethodRuns(NamedTuple):
-    finals: np.ndarray  # final held-out accuracy of the runs rliable aggregates over
+    finals: np.ndarray  # final held-out accuracy, a value per run (a grid: per seed, its pick's)
     cells: int  # the cells they come from: 1, or the grid's cells a seed's pick was chosen among
+    run_ids: list[str]  # the runs themselves (a grid: the runs at each seed's picked cell)
 
 
 def method_finals(runs: pd.DataFrame) -> dict[tuple[str, int], MethodRuns]:
@@ -139,26 +140,34 @@ def method_finals(runs: pd.DataFrame) -> dict[tuple[str, int], MethodRuns]:
     on final accuracy), so a grid's best-of-N is not favoured by selection over a one-cell baseline; a grid run on one
     seed has none."""
     scored = runs[runs["scored"]]
-    cells = scored.groupby(["method", "staleness"], sort=True)[["tau_policy", "tau_advantage"]].value_counts()
-    per_key = cells.groupby(level=["method", "staleness"]).size()
+    has = method_bands(runs)
+    scored = scored.assign(
+        cell=[
+            cell_label(m, tp, ta, has[m])
+            for m, tp, ta in zip(scored["method"], scored["tau_policy"], scored["tau_advantage"])
+        ]
+    )
+    per_key = scored.groupby(["method", "staleness"], sort=True)["cell"].nunique()
     out = {
-        (m, int(k)): MethodRuns(g["final_accuracy"].to_numpy(float), 1)
+        (m, int(k)): MethodRuns(g["final_accuracy"].to_numpy(float), 1, g["run_id"].tolist())
         for (m, k), g in scored.groupby(["method", "staleness"], sort=True)
         if per_key[(m, k)] == 1
     }
     grids = sorted({m for (m, k), n in per_key.items() if n > 1})
     picks = selection_free_scores(runs, {m: [m] for m in grids}, "final_accuracy")
+    by_cell = scored.groupby(["method", "staleness", "cell", "seed"])["run_id"].agg(list)
     for (m, k), g in picks[picks["kind"] == "tuned"].groupby(["family", "staleness"], sort=True):
         if per_key[(m, k)] > 1:
-            out[(m, int(k))] = MethodRuns(g["score"].to_numpy(float), int(per_key[(m, k)]))
+            ids = [i for seed, cell in zip(g["seed"], g["cell"]) for i in by_cell[(m, k, cell, seed)]]
+            out[(m, int(k))] = MethodRuns(g["score"].to_numpy(float), int(per_key[(m, k)]), ids)
     return dict(sorted(out.items()))
 
 
-def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
-    """Per method and k (`method_finals`: a grid by its selection-free picks): the IQM of final held-out accuracy with
-    a percentile bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
+def aggregates(picks: dict[tuple[str, int], MethodRuns], level: float = LEVEL) -> pd.DataFrame:
+    """Per method and k (`method_finals`: a grid by its selection-free picks): the IQM of final held-out accuracy with a
+    percentile bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
     rows = []
-    for (method, k), (x, cells) in method_finals(runs).items():
+    for (method, k), (x, cells, _) in picks.items():
         low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", method, k), level)
         row = {"method": method, "staleness": k, "cells": cells, "n": len(x), "iqm": float(iqm(x))}
         rows.append(row | {"low": low, "high": high})
@@ -166,16 +175,15 @@ def aggregates(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
 
 
 def improvement_table(
-    runs: pd.DataFrame, readings: list[str], baselines: list[str], level: float = LEVEL
+    picks: dict[tuple[str, int], MethodRuns], readings: list[str], baselines: list[str], level: float = LEVEL
 ) -> pd.DataFrame:
     """Per k, each reading against each baseline (`method_finals`): P(a run of the reading ends above a run of the
     baseline) with its percentile bootstrap interval (both samples resampled)."""
-    finals = method_finals(runs)
     rows = []
-    for (method, k), (x, _) in finals.items():
+    for (method, k), (x, _, _) in picks.items():
         for base in baselines if method in readings else []:
-            if (base, k) in finals:
-                y = finals[(base, k)].finals
+            if (base, k) in picks:
+                y = picks[(base, k)].finals
                 low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
                 p = float(improvement_probability(x, y))
                 rows.append({"method": method, "baseline": base, "staleness": k, "p": p, "low": low, "high": high})

@@ -157,6 +157,10 @@ def _summary(
 
 
 HOW_TO_READ = {  # one sentence under each figure
+    "method_curves": "Each line is one method at one lag k, the mean held-out accuracy of its runs at each evaluation; "
+    '"means and spread" shades each from its lowest run to its highest (shown at first for up to three methods). A '
+    "method swept over a grid is drawn from its selection-free picks (one run a seed, at the cell chosen on the other "
+    "seeds): its cells, run by run, are in the figure below.",
     "profiles": "Each line is one method at one lag k (a method swept over a grid: its selection-free picks, one run "
     "a seed at the cell chosen on the other seeds): the share of its runs whose final held-out accuracy is above the "
     "accuracy on the x-axis. A line above another everywhere: those runs "
@@ -198,6 +202,7 @@ class _Tables:
     methods: pd.DataFrame
     times: pd.DataFrame
     late: pd.DataFrame
+    picks: dict  # per (method, k), the runs methods are compared by (analysis.method_finals)
 
 
 def render(data: ReportData, plotly_src: str | None = None) -> str:
@@ -212,6 +217,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         methods=analysis.method_comparison(runs, cells),
         times=analysis.step_times(runs, data.baseline),
         late=analysis.late_stage(runs, data.curves),
+        picks=analysis.method_finals(runs),
     )
     sections = (
         _header,
@@ -418,6 +424,11 @@ def _curves_section(data: ReportData, t: _Tables) -> list[str]:
         return []
     return [
         "<h2>Learning curves</h2>",
+        *(
+            [figure_div(figures.method_curves(t.picks, data.curves), "method-curves", HOW_TO_READ["method_curves"])]
+            if t.picks
+            else []
+        ),
         figure_div(figures.learning_curves(data.runs, data.curves), "curves", HOW_TO_READ["curves"]),
         '<p class="note">Collapse (✕, and the "collapse" column below): held-out accuracy more than 50 % '
         "below its running peak from some evaluation to the end of the run, or a non-finite step. The same "
@@ -462,7 +473,7 @@ def _late_section(data: ReportData, t: _Tables) -> list[str]:
 def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     """rliable's aggregates (Agarwal et al., NeurIPS 2021) per method and lag: IQM, probability of improvement of each
     two-channel reading over each baseline, performance profiles; a grid by its selection-free picks."""
-    agg = analysis.aggregates(data.runs)
+    agg = analysis.aggregates(t.picks)
     if agg.empty:
         return []
 
@@ -471,7 +482,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
 
     return [
         "<h2>Aggregates: IQM, probability of improvement, performance profiles</h2>",
-        figure_div(figures.performance_profiles(data.runs), "profiles", HOW_TO_READ["profiles"]),
+        figure_div(figures.performance_profiles(t.picks), "profiles", HOW_TO_READ["profiles"]),
         table(
             agg,
             [
@@ -483,7 +494,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
             ],
             "iqm",
         ),
-        *_improvement_matrix(data.runs, interval("p")),
+        *_improvement_matrix(data.runs, t.picks, interval("p")),
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
         "a run of the baseline (ties count half). A method swept over a grid enters by its selection-free picks: on "
@@ -495,11 +506,11 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     ]
 
 
-def _improvement_matrix(runs: pd.DataFrame, interval: Callable[[Any], str]) -> list[str]:
+def _improvement_matrix(runs: pd.DataFrame, picks: dict, interval: Callable[[Any], str]) -> list[str]:
     """P(a reading's run ends above a baseline's) [95 % CI]: a reading a row, a baseline a column, a table per k."""
     bands = analysis.method_bands(runs)  # two-channel: both bands (at one cell or a grid); baseline: none
     two = [m for m, has in bands.items() if all(has)]
-    improve = analysis.improvement_table(runs, two, [m for m, has in bands.items() if not any(has)])
+    improve = analysis.improvement_table(picks, two, [m for m, has in bands.items() if not any(has)])
     out = []
     for k, at in improve.groupby("staleness", sort=True):
         matrix = at.assign(text=at.apply(interval, axis=1)).pivot(index="method", columns="baseline", values="text")

@@ -57,6 +57,22 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
     assert len(profiles) == 2 and all(y[0] == 1 and y == sorted(y, reverse=True) for _, y in profiles)
     assert {name for name, _ in profiles} == {"copc (tuned over 9 cells)"}
     assert browser.execute_script("return document.querySelectorAll('#profiles path.js-line').length") >= len(profiles)
+    # the per-method learning curves: the grid's picked cell on every seed is its best, τ_p 4 τ_a 4 (i = a = 2 of the
+    # sample's history: 0.3 + 0.1·i, 0.5, then 0.6 − 0.1·a and 0.6 − 0.2·a at k > 0), drawn as the mean of its runs
+    lines = browser.execute_script(
+        "return document.getElementById('method-curves')._fullData.filter(t => t.line.width === 2)"
+        ".map(t => [t.xaxis, Array.from(t.y)])"  # the mean lines (the band's edges have width 0)
+    )
+    assert [(axis, [round(v, 6) for v in y]) for axis, y in lines] == [
+        ("x", [0.5, 0.5, 0.6, 0.6]),
+        ("x2", [0.5, 0.5, 0.4, 0.2]),
+    ]
+    spread = "return document.getElementById('method-curves').data.filter(t => t.meta === 'spread').map(t => t.visible)"
+    assert browser.execute_script(spread) == [True] * 4  # one method: its band shown; "means" hides it
+    means = browser.find_elements(By.CSS_SELECTOR, "#method-curves g.updatemenu-button")[0]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", means)
+    means.click()
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(spread) == [False] * 4)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
     # a run named <script>…</script> is shown as text and never runs

@@ -708,13 +708,13 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     records = [trial(f"a{s}", None, None, 4, s, v, method="tis") for s, v in enumerate(x)]  # no band
     records += [trial(f"c{s}", 2.0, 1.0, 4, s, v, method="copc") for s, v in enumerate([0.7, 0.8, 0.75, 0.7, 0.9])]
     runs = frame(records)
-    agg = analysis.aggregates(runs).set_index("method")
+    agg = analysis.aggregates(analysis.method_finals(runs)).set_index("method")
     assert agg.loc["tis", "iqm"] == pytest.approx(0.65) and agg.loc["tis", "low"] <= 0.65 <= agg.loc["tis", "high"]
-    improve = analysis.improvement_table(runs, ["copc"], ["tis"]).iloc[0]
+    improve = analysis.improvement_table(analysis.method_finals(runs), ["copc"], ["tis"]).iloc[0]
     assert (improve.method, improve.baseline) == ("copc", "tis")
     pairs = [(a, b) for a in [0.7, 0.8, 0.75, 0.7, 0.9] for b in x]
     assert improve.p == pytest.approx(sum((a > b) + 0.5 * (a == b) for a, b in pairs) / 25)
-    fig = figures.performance_profiles(runs)
+    fig = figures.performance_profiles(analysis.method_finals(runs))
     tis = next(tr for tr in fig.data if tr.name == "tis")
     assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)
 
@@ -735,13 +735,53 @@ def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_c
     assert list(picks) == [("copc", 4), ("tis", 4)]
     assert picks[("copc", 4)].finals.tolist() == [0.6, 0.5, 0.5, 0.5, 0.5] and picks[("copc", 4)].cells == 2
     assert picks[("tis", 4)].finals.tolist() == tis and picks[("tis", 4)].cells == 1
-    agg = analysis.aggregates(runs).set_index("method")
+    assert picks[("copc", 4)].run_ids == ["b0", "a1", "a2", "a3", "a4"]  # the runs at each seed's picked cell
+    agg = analysis.aggregates(analysis.method_finals(runs)).set_index("method")
     assert agg.loc["copc", "iqm"] == pytest.approx(0.5) and (agg.loc["copc", "cells"], agg.loc["copc", "n"]) == (2, 5)
-    improve = analysis.improvement_table(runs, ["copc"], ["tis"])
+    improve = analysis.improvement_table(picks, ["copc"], ["tis"])
     assert len(improve) == 1  # one row per reading and baseline, not one per cell
     pairs = [(x, y) for x in [0.6, 0.5, 0.5, 0.5, 0.5] for y in tis]
     assert improve.iloc[0].p == pytest.approx(sum((x > y) + 0.5 * (x == y) for x, y in pairs) / 25)
-    names = [tr.name for tr in figures.performance_profiles(runs).data]
+    names = [tr.name for tr in figures.performance_profiles(picks).data]
     assert names == ["copc (tuned over 2 cells)", "tis"]
     one_seed = frame([r for r in records if r["run_id"] in ("a0", "b0", "t0")])  # a grid on one seed has no picks
     assert list(analysis.method_finals(one_seed)) == [("tis", 4)]
+
+
+def test_method_curves_draw_the_mean_of_the_picked_runs_between_the_lowest_and_the_highest():
+    """Per method and k, the mean held-out accuracy of the runs `method_finals` picks at each evaluation, shaded from
+    the lowest run to the highest: tis's two runs (0.2, 0.4) and (0.4, 0.8) at steps 0 and 10 give the mean (0.3, 0.6)
+    between (0.2, 0.4) and (0.4, 0.8); copc's grid draws only its picked cell's run (τ_p 2 on seeds 0 and 1: the other
+    seed's better cell), not the τ_p 4 cell's."""
+
+    def runs_of(method, tp, k, seed, final, accuracies):
+        return trial(
+            f"{method}{tp}-{seed}",
+            tp,
+            1.0 if tp else None,
+            k,
+            seed,
+            final,
+            method=method,
+            history={"eval/accuracy": curve([0, 10], accuracies)},
+        )
+
+    records = [runs_of("tis", None, 4, 0, 0.4, [0.2, 0.4]), runs_of("tis", None, 4, 1, 0.8, [0.4, 0.8])]
+    records += [runs_of("copc", 2.0, 4, s, 0.9, [0.5, 0.9]) for s in (0, 1)]
+    records += [runs_of("copc", 4.0, 4, s, 0.1, [0.5, 0.1]) for s in (0, 1)]
+    runs = frame(records)
+    fig = figures.method_curves(analysis.method_finals(runs), curves_frame(records))
+    lines = {tr.name: tr for tr in fig.data if tr.showlegend}
+    assert sorted(lines) == ["copc (tuned over 2 cells)", "tis"]
+    assert lines["tis"].y == pytest.approx((0.3, 0.6)) and list(lines["tis"].x) == [0, 10]
+    assert lines["copc (tuned over 2 cells)"].y == pytest.approx((0.5, 0.9))
+    band = [tr for tr in fig.data if tr.legendgroup == "tis" and not tr.showlegend]
+    assert [list(tr.y) for tr in band] == [pytest.approx([0.4, 0.8]), pytest.approx([0.2, 0.4])]  # highest, lowest
+    assert band[1].fill == "tonexty" and all(tr.visible for tr in band)  # two methods: the spread shown
+    means, spread = fig.layout.updatemenus[0].buttons  # a button hides the bands, leaving the mean lines
+    assert means.args[0]["visible"] == [tr.meta != "spread" for tr in fig.data] and spread.args[0]["visible"] == [
+        True
+    ] * len(fig.data)
+    records += [runs_of(m, None, 4, 0, 0.5, [0.3, 0.5]) for m in ("cispo", "seq_tis")]  # four methods: hidden
+    crowded = figures.method_curves(analysis.method_finals(frame(records)), curves_frame(records))
+    assert [tr.visible for tr in crowded.data if tr.meta == "spread"] == [False] * 8
