@@ -129,49 +129,53 @@ def _bootstrap(samples: tuple, statistic, key: tuple, level: float) -> tuple[flo
 
 
 class MethodRuns(NamedTuple):
-    finals: np.ndarray  # final held-out accuracy, a value per run (a grid: per seed, its pick's)
-    cells: int  # the cells they come from: 1, or the grid's cells a seed's pick was chosen among
-    run_ids: list[str]  # the runs themselves (a grid: the runs at each seed's picked cell)
+    finals: np.ndarray  # final held-out accuracy of each run, in seed order
+    n_cells: int  # 1, or the cells of the grid its runs were picked from
+    run_ids: list[str]  # the runs
+
+
+def method_label(method: str, n_cells: int) -> str:
+    """How the aggregates name a method: `copc[behavior] (tuned over 12 cells)` where its runs were picked."""
+    return method if n_cells == 1 else f"{method} (tuned over {n_cells} cells)"
 
 
 def method_finals(runs: pd.DataFrame) -> dict[tuple[str, int], MethodRuns]:
     """Per (method, k), the runs the aggregates compare methods by. A method at one cell: its runs. A method swept over
-    a grid: on each seed, the run at the cell chosen on the other seeds (leave-one-seed-out, `selection_free_scores`
-    on final accuracy), so a grid's best-of-N is not favoured by selection over a one-cell baseline; a grid run on one
-    seed has none."""
-    scored = runs[runs["scored"]]
-    has = method_bands(runs)
-    scored = scored.assign(
-        cell=[
-            cell_label(m, tp, ta, has[m])
-            for m, tp, ta in zip(scored["method"], scored["tau_policy"], scored["tau_advantage"])
-        ]
-    )
-    per_key = scored.groupby(["method", "staleness"], sort=True)["cell"].nunique()
-    out = {
-        (m, int(k)): MethodRuns(g["final_accuracy"].to_numpy(float), 1, g["run_id"].tolist())
-        for (m, k), g in scored.groupby(["method", "staleness"], sort=True)
-        if per_key[(m, k)] == 1
-    }
-    grids = sorted({m for (m, k), n in per_key.items() if n > 1})
-    picks = selection_free_scores(runs, {m: [m] for m in grids}, "final_accuracy")
-    by_cell = scored.groupby(["method", "staleness", "cell", "seed"])["run_id"].agg(list)
-    for (m, k), g in picks[picks["kind"] == "tuned"].groupby(["family", "staleness"], sort=True):
-        if per_key[(m, k)] > 1:
-            ids = [i for seed, cell in zip(g["seed"], g["cell"]) for i in by_cell[(m, k, cell, seed)]]
-            out[(m, int(k))] = MethodRuns(g["score"].to_numpy(float), int(per_key[(m, k)]), ids)
-    return dict(sorted(out.items()))
+    a grid: on each seed, its runs at the cell with the best mean over the other seeds (leave-one-seed-out,
+    `selection_free_scores` on final accuracy), so a grid's best-of-N is not favoured by selection over a one-cell
+    baseline; a seed needs its cell run on another seed too, so a grid run on one seed has none."""
+    scored = runs[runs["scored"] & runs["final_accuracy"].notna()]
+    out = {}
+    for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
+        g = with_cells(g)
+        n_cells = g["cell"].nunique()
+        if n_cells > 1:
+            seed_scores = selection_free_scores(g, {method: [method]}, "final_accuracy")
+            g = g.merge(seed_scores.loc[seed_scores["kind"] == "tuned", ["seed", "cell"]], on=["seed", "cell"])
+        g = g.sort_values(["seed", "run_id"])
+        if not g.empty:
+            out[(method, int(k))] = MethodRuns(g["final_accuracy"].to_numpy(float), n_cells, g["run_id"].tolist())
+    return out
 
 
 def aggregates(picks: dict[tuple[str, int], MethodRuns], level: float = LEVEL) -> pd.DataFrame:
     """Per method and k (`method_finals`: a grid by its selection-free picks): the IQM of final held-out accuracy with a
     percentile bootstrap interval (as rliable gives it). Coverage at 5 seeds: `python -m bench.coverage`."""
     rows = []
-    for (method, k), (x, cells, _) in picks.items():
+    for (method, k), (x, n_cells, _) in picks.items():
         low, high = _bootstrap((x,), lambda s, axis=-1: iqm(s, axis=axis), ("iqm", method, k), level)
-        row = {"method": method, "staleness": k, "cells": cells, "n": len(x), "iqm": float(iqm(x))}
-        rows.append(row | {"low": low, "high": high})
-    return pd.DataFrame(rows, columns=["method", "staleness", "cells", "n", "iqm", "low", "high"])
+        rows.append(
+            {
+                "method": method,
+                "staleness": k,
+                "n_cells": n_cells,
+                "n": len(x),
+                "iqm": float(iqm(x)),
+                "low": low,
+                "high": high,
+            }
+        )
+    return pd.DataFrame(rows, columns=["method", "staleness", "n_cells", "n", "iqm", "low", "high"])
 
 
 def improvement_table(
@@ -181,12 +185,13 @@ def improvement_table(
     baseline) with its percentile bootstrap interval (both samples resampled)."""
     rows = []
     for (method, k), (x, _, _) in picks.items():
-        for base in baselines if method in readings else []:
-            if (base, k) in picks:
-                y = picks[(base, k)].finals
-                low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
-                p = float(improvement_probability(x, y))
-                rows.append({"method": method, "baseline": base, "staleness": k, "p": p, "low": low, "high": high})
+        if method not in readings:
+            continue
+        for base in [b for b in baselines if (b, k) in picks]:
+            y = picks[(base, k)].finals
+            low, high = _bootstrap((x, y), improvement_probability, ("improve", method, base, k), level)
+            p = float(improvement_probability(x, y))
+            rows.append({"method": method, "baseline": base, "staleness": k, "p": p, "low": low, "high": high})
     return pd.DataFrame(rows, columns=["method", "baseline", "staleness", "p", "low", "high"])
 
 
@@ -532,6 +537,15 @@ def cell_label(method: str, tau_policy: float, tau_advantage: float, has: tuple[
     return " ".join([method, *bands])
 
 
+def with_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with their cell's label (`cell_label`), each method's bands read from these runs (`method_bands`)."""
+    has = method_bands(runs)
+    cells = [
+        cell_label(m, tp, ta, has[m]) for m, tp, ta in zip(runs["method"], runs["tau_policy"], runs["tau_advantage"])
+    ]
+    return runs.assign(cell=cells)
+
+
 def selection_free_scores(runs: pd.DataFrame, families: dict[str, list[str]], score: str = "objective") -> pd.DataFrame:
     """Per family (a name → the methods whose cells it holds), k and seed, two scores on that seed:
 
@@ -547,11 +561,7 @@ def selection_free_scores(runs: pd.DataFrame, families: dict[str, list[str]], sc
     for family, methods in families.items():
         mine = scored[scored["method"].isin(methods)]
         for k, g in mine.groupby("staleness", sort=True):
-            has = method_bands(g)
-            labels = [
-                cell_label(m, tp, ta, has[m]) for m, tp, ta in zip(g["method"], g["tau_policy"], g["tau_advantage"])
-            ]
-            table = g.assign(cell=labels).pivot_table(index="seed", columns="cell", values=score, aggfunc="mean")
+            table = with_cells(g).pivot_table(index="seed", columns="cell", values=score, aggfunc="mean")
             table = table.reindex(sorted(table.columns), axis=1)
             base = {"family": family, "staleness": int(k)}
             for s in table.index:

@@ -17,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
+from reports.analysis import MethodRuns, method_label
+
 DIAGNOSTICS = [
     ("correction/ess", "ESS (token)"),
     ("correction/masked_frac", "masked fraction"),
@@ -260,37 +262,48 @@ def region_bars(region: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def method_curves(picks: dict[tuple[str, int], Any], curves: pd.DataFrame, metric: str = "eval/accuracy") -> go.Figure:
-    """Held-out accuracy per method over training: the mean over its runs at each evaluation, and the band from its
-    lowest run to its highest (shown by default for up to three methods, else by a button), one panel per lag k, a
-    colour per method; a method swept over a grid by its selection-free picks (`reports.analysis.method_finals`)."""
+def method_curves(
+    picks: dict[tuple[str, int], MethodRuns], curves: pd.DataFrame, metric: str = "eval/accuracy"
+) -> go.Figure:
+    """Held-out accuracy per method over training: the mean over its runs evaluated at each step, and the band from its
+    lowest run to its highest (shown at first for up to three methods; a button shows or hides it), one panel per lag
+    k, a colour per method; a method swept over a grid by its selection-free picks (`analysis.method_finals`)."""
     ks = sorted({k for _, k in picks})
+    methods = sorted({m for m, _ in picks})
     fig = make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
-    colors = _colors([(m,) for m, _ in picks])
-    spread = len(colors) <= 3
+    colors = _colors([(m,) for m in methods])
+    spread = len(methods) <= 3
     data = curves[curves["metric"] == metric]
     shown: set[str] = set()
-    for (method, k), (_, cells, run_ids) in picks.items():
+    for (method, k), (_, n_cells, run_ids) in picks.items():
         table = data[data["run_id"].isin(run_ids)].pivot_table(index="step", columns="run_id", values="value")
         if table.empty:
             continue
-        name = html.escape(method if cells == 1 else f"{method} (tuned over {cells} cells)")
+        name, group = html.escape(method_label(method, n_cells)), html.escape(method)
         steps, color, col = table.index.tolist(), colors[(method,)], ks.index(k) + 1
+        low, high, mean, count = table.min(axis=1), table.max(axis=1), table.mean(axis=1), table.count(axis=1)
+        band = {
+            "mode": "lines",
+            "line": {"width": 0},
+            "legendgroup": group,
+            "showlegend": False,
+            "hoverinfo": "skip",
+            "visible": spread,
+            "meta": "spread",
+        }
         fill = "rgba({}, {}, {}, 0.15)".format(*hex_to_rgb(color))
-        band = {"mode": "lines", "line": {"width": 0}, "legendgroup": name, "showlegend": False, "hoverinfo": "skip"}
-        band |= {"visible": spread, "meta": "spread"}
-        fig.add_trace(go.Scatter(x=steps, y=table.max(axis=1).tolist(), **band), row=1, col=col)
-        fig.add_trace(go.Scatter(x=steps, y=table.min(axis=1).tolist(), fill="tonexty", fillcolor=fill, **band), 1, col)
+        fig.add_trace(go.Scatter(x=steps, y=high.tolist(), **band), row=1, col=col)
+        fig.add_trace(go.Scatter(x=steps, y=low.tolist(), fill="tonexty", fillcolor=fill, **band), row=1, col=col)
         fig.add_trace(
             go.Scatter(
                 x=steps,
-                y=table.mean(axis=1).tolist(),
+                y=mean.tolist(),
                 mode="lines",
                 name=name,
-                legendgroup=name,
+                legendgroup=group,
                 showlegend=name not in shown,
                 line={"color": color, "width": 2},
-                customdata=np.stack([table.min(axis=1), table.max(axis=1), table.count(axis=1)], axis=1).tolist(),
+                customdata=np.stack([low, high, count], axis=1).tolist(),
                 hovertemplate=f"{name}<br>step %{{x}}: mean %{{y:.3f}} of %{{customdata[2]}} runs "
                 "(lowest %{customdata[0]:.3f}, highest %{customdata[1]:.3f})<extra></extra>",
             ),
@@ -301,24 +314,18 @@ def method_curves(picks: dict[tuple[str, int], Any], curves: pd.DataFrame, metri
     for col in range(1, len(ks) + 1):
         fig.update_xaxes(title_text="learner step", row=1, col=col)
     fig.update_yaxes(title_text="held-out accuracy", range=[0, 1.02], row=1, col=1)
-    bands = [tr.meta == "spread" for tr in fig.data]
+    is_spread = [tr.meta == "spread" for tr in fig.data]
+    buttons = [
+        {"label": "means", "method": "restyle", "args": [{"visible": [not b for b in is_spread]}]},
+        {"label": "means and spread", "method": "restyle", "args": [{"visible": [True] * len(is_spread)}]},
+    ]
     fig.update_layout(
         title="Held-out accuracy per method: the mean of its runs (and the band from its lowest run to its highest)",
         height=460,
         margin={"t": 110},
         updatemenus=[
-            {
-                "type": "buttons",
-                "direction": "right",
-                "x": 0,
-                "xanchor": "left",
-                "y": 1.2,
-                "active": int(spread),
-                "buttons": [
-                    {"label": "means", "method": "restyle", "args": [{"visible": [not b for b in bands]}]},
-                    {"label": "means and spread", "method": "restyle", "args": [{"visible": [True] * len(bands)}]},
-                ],
-            }
+            {"type": "buttons", "direction": "right", "x": 0, "xanchor": "left", "y": 1.2, "active": int(spread)}
+            | {"buttons": buttons}
         ],
     )
     return fig
@@ -543,7 +550,7 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def performance_profiles(picks: dict[tuple[str, int], Any]) -> go.Figure:
+def performance_profiles(picks: dict[tuple[str, int], MethodRuns]) -> go.Figure:
     """Performance profiles (rliable's): the share of a method's runs whose final held-out accuracy is above τ, against
     τ, one panel per lag k, one line per method in a colour of its own; a method swept over a grid is drawn from its
     selection-free picks (`reports.analysis.method_finals`), named so."""
@@ -554,8 +561,8 @@ def performance_profiles(picks: dict[tuple[str, int], Any]) -> go.Figure:
     span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where the runs end, not empty space
     colors = _colors([(m,) for m, _ in picks])  # a colour per method, every panel
     shown: set[str] = set()
-    for (method, k), (x, cells, _) in picks.items():
-        name = html.escape(method if cells == 1 else f"{method} (tuned over {cells} cells)")
+    for (method, k), (x, n_cells, _) in picks.items():
+        name = html.escape(method_label(method, n_cells))
         fig.add_trace(
             go.Scatter(
                 x=taus.tolist(),

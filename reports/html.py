@@ -157,14 +157,14 @@ def _summary(
 
 
 HOW_TO_READ = {  # one sentence under each figure
-    "method_curves": "Each line is one method at one lag k, the mean held-out accuracy of its runs at each evaluation; "
-    '"means and spread" shades each from its lowest run to its highest (shown at first for up to three methods). A '
-    "method swept over a grid is drawn from its selection-free picks (one run a seed, at the cell chosen on the other "
-    "seeds): its cells, run by run, are in the figure below.",
-    "profiles": "Each line is one method at one lag k (a method swept over a grid: its selection-free picks, one run "
-    "a seed at the cell chosen on the other seeds): the share of its runs whose final held-out accuracy is above the "
-    "accuracy on the x-axis. A line above another everywhere: those runs "
-    "end higher at every level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
+    "method_curves": "Each line is one method at one lag k, the mean held-out accuracy of its runs evaluated at each "
+    'step (the hover gives how many); "means and spread" shades each from its lowest run to its highest (shown at '
+    "first for up to three methods). A method swept over a grid is drawn from its selection-free picks (on each seed, "
+    "its runs at the cell with the best mean over the other seeds): its cells, run by run, are in the figure below.",
+    "profiles": "Each line is one method at one lag k (a method swept over a grid: its selection-free picks, on each "
+    "seed its runs at the cell with the best mean over the other seeds): the share of its runs whose final held-out "
+    "accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs end higher at every "
+    "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective on one fixed "
     "scale for every report (−1 red to 1 green; a collapse costs the penalty), its text the mean ± sd over n seeds "
     "and the runs that collapsed; the outlined square is the best cell at that k.",
@@ -202,7 +202,7 @@ class _Tables:
     methods: pd.DataFrame
     times: pd.DataFrame
     late: pd.DataFrame
-    picks: dict  # per (method, k), the runs methods are compared by (analysis.method_finals)
+    picks: dict[tuple[str, int], analysis.MethodRuns]  # per (method, k), the runs methods are compared by
 
 
 def render(data: ReportData, plotly_src: str | None = None) -> str:
@@ -489,7 +489,11 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
                 ("method", "method", lambda r: html.escape(r["method"])),
                 ("staleness", "k", None),
                 ("n", "runs", None),
-                ("cells", "runs from", lambda r: "its cell" if r["cells"] == 1 else f"tuned over {r['cells']} cells"),
+                (
+                    "n_cells",
+                    "runs from",
+                    lambda r: "its cell" if r["n_cells"] == 1 else f"a grid of {r['n_cells']} cells",
+                ),
                 ("iqm", "IQM of final accuracy [95 % CI]", interval("iqm")),
             ],
             "iqm",
@@ -498,15 +502,19 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
         "a run of the baseline (ties count half). A method swept over a grid enters by its selection-free picks: on "
-        "each seed, the run at the cell chosen on the other seeds (the claims' <em>tuned</em>), so a grid's best cell "
-        "is not favoured by its best-of-N; its cells are in the heatmaps. Intervals: percentile bootstrap over runs, "
-        "as rliable gives them — at 5 seeds they cover ~90 % (IQM) and 86–91 % (probability of improvement) of the "
-        "time for a nominal 95 % (python -m bench.coverage): read them as narrower than 95 %. rliable itself is not a "
+        "each seed, its runs at the cell with the best mean over the other seeds (the claims' <em>tuned</em>), so a "
+        "grid's best cell is not favoured by its best-of-N; its cells are in the heatmaps. Intervals: percentile "
+        "bootstrap over runs, as rliable gives them — at 5 seeds of one method's independent runs they cover ~90 % "
+        "(IQM) and 86–91 % (probability of improvement) of the time for a nominal 95 % (python -m bench.coverage): "
+        "read them as narrower than 95 %; a grid's picks depend on each other through the choice, which that "
+        "figure does not measure. rliable itself is not a "
         "dependency: its bootstrap needs arch < 8, which does not import under pandas 3 (docs/BENCHMARKS.md).</p>",
     ]
 
 
-def _improvement_matrix(runs: pd.DataFrame, picks: dict, interval: Callable[[Any], str]) -> list[str]:
+def _improvement_matrix(
+    runs: pd.DataFrame, picks: dict[tuple[str, int], analysis.MethodRuns], interval: Callable[[Any], str]
+) -> list[str]:
     """P(a reading's run ends above a baseline's) [95 % CI]: a reading a row, a baseline a column, a table per k."""
     bands = analysis.method_bands(runs)  # two-channel: both bands (at one cell or a grid); baseline: none
     two = [m for m, has in bands.items() if all(has)]

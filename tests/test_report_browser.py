@@ -372,3 +372,45 @@ def test_a_planned_sweep_round_trips_its_plan_through_optuna_mlflow_and_the_repo
     shot = pathlib.Path(os.environ.get("COPC_SCREENSHOT_DIR", tmp_path)) / "report-plan.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_lag(browser, tmp_path):
+    """The aggregates' P(a run of the reading ends above a run of the baseline), as a reader sees it: a table per k, a
+    reading a row, a baseline a column, each with its interval. COPC's finals (0.7, 0.8, 0.75, 0.7, 0.9) against TIS's
+    (0.6, 0.1, 0.9, 0.65, 0.7): above in 18 of the 25 pairs, tied in 3, so 19.5 / 25 = 0.780; against CISPO's 0.5 on
+    every seed, 1.000; at k = 8 only TIS ran beside COPC at 0.65: above 0.6 and 0.1, tied with 0.65, 0.500."""
+    from selenium.webdriver.common.by import By
+
+    from reports.frames import curves_frame
+    from reports.html import ReportData
+    from tests.report_records import trial
+    from tests.test_reports import frame
+
+    copc, tis = [0.7, 0.8, 0.75, 0.7, 0.9], [0.6, 0.1, 0.9, 0.65, 0.7]
+    records = [trial(f"c{s}", 2.0, 1.0, 4, s, v) for s, v in enumerate(copc)]
+    records += [trial(f"t{s}", None, None, 4, s, v, method="tis") for s, v in enumerate(tis)]
+    records += [trial(f"x{s}", None, None, 4, s, 0.5, method="cispo") for s in range(5)]
+    records += [trial(f"c8-{s}", 2.0, 1.0, 8, s, 0.65) for s in range(5)]
+    records += [trial(f"t8-{s}", None, None, 8, s, v, method="tis") for s, v in enumerate(tis)]
+    data = ReportData(title="matrix", runs=frame(records), curves=curves_frame(records), sources={}, n_boot=300)
+    path = tmp_path / "report.html"
+    path.write_text(render(data), encoding="utf-8")
+    browser.get(path.as_uri())
+
+    def rows(table_id):
+        table = browser.find_element(By.ID, table_id)
+        browser.execute_script("arguments[0].scrollIntoView()", table)
+        return [
+            [c.text for c in r.find_elements(By.CSS_SELECTOR, "th, td")] for r in table.find_elements(By.TAG_NAME, "tr")
+        ]
+
+    def p(xs, ys):  # P(X > Y) + ½ P(X = Y) over every pair, by its definition
+        return sum((x > y) + 0.5 * (x == y) for x in xs for y in ys) / (len(xs) * len(ys))
+
+    assert (p(copc, tis), p(copc, [0.5] * 5), p([0.65] * 5, tis)) == (0.78, 1.0, 0.5)  # as counted above
+    at4, at8 = rows("improvement-4"), rows("improvement-8")
+    assert at4[0] == ["two-channel method", "cispo", "tis"] and [r[0] for r in at4[1:]] == ["copc"]
+    assert [cell.split(" [")[0] for cell in at4[1][1:]] == [f"{p(copc, [0.5] * 5):.3f}", f"{p(copc, tis):.3f}"]
+    assert at8 == [["two-channel method", "tis"], ["copc", at8[1][1]]]
+    assert at8[1][1].split(" [")[0] == f"{p([0.65] * 5, tis):.3f}"
+    assert all("[" in cell for row in (at4[1][1:], at8[1][1:]) for cell in row)  # each with its interval

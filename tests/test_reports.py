@@ -733,11 +733,11 @@ def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_c
     runs = frame(records)
     picks = analysis.method_finals(runs)
     assert list(picks) == [("copc", 4), ("tis", 4)]
-    assert picks[("copc", 4)].finals.tolist() == [0.6, 0.5, 0.5, 0.5, 0.5] and picks[("copc", 4)].cells == 2
-    assert picks[("tis", 4)].finals.tolist() == tis and picks[("tis", 4)].cells == 1
+    assert picks[("copc", 4)].finals.tolist() == [0.6, 0.5, 0.5, 0.5, 0.5] and picks[("copc", 4)].n_cells == 2
+    assert picks[("tis", 4)].finals.tolist() == tis and picks[("tis", 4)].n_cells == 1
     assert picks[("copc", 4)].run_ids == ["b0", "a1", "a2", "a3", "a4"]  # the runs at each seed's picked cell
-    agg = analysis.aggregates(analysis.method_finals(runs)).set_index("method")
-    assert agg.loc["copc", "iqm"] == pytest.approx(0.5) and (agg.loc["copc", "cells"], agg.loc["copc", "n"]) == (2, 5)
+    agg = analysis.aggregates(picks).set_index("method")
+    assert agg.loc["copc", "iqm"] == pytest.approx(0.5) and (agg.loc["copc", "n_cells"], agg.loc["copc", "n"]) == (2, 5)
     improve = analysis.improvement_table(picks, ["copc"], ["tis"])
     assert len(improve) == 1  # one row per reading and baseline, not one per cell
     pairs = [(x, y) for x in [0.6, 0.5, 0.5, 0.5, 0.5] for y in tis]
@@ -748,40 +748,43 @@ def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_c
     assert list(analysis.method_finals(one_seed)) == [("tis", 4)]
 
 
+def test_the_picks_keep_every_run_of_a_picked_cell_drop_unscored_finals_and_label_cells_per_lag():
+    """Two runs of the picked cell on one seed are two runs (not their mean); a run with no final accuracy is left out;
+    a method logged without τ_p at one lag and with it at another is labelled per lag (the report used to fail)."""
+    records = [trial(f"a{s}", 2.0, 1.0, 4, s, 0.9, method="copc") for s in (0, 1)]
+    records += [trial("a0-again", 2.0, 1.0, 4, 0, 0.7, method="copc")]
+    records += [trial(f"b{s}", 4.0, 1.0, 4, s, 0.2, method="copc") for s in (0, 1)]
+    records += [trial(f"t{s}", None, None, 4, s, 0.5, method="tis") for s in (0, 1)]
+    records += [trial("t2", None, None, 4, 2, None, method="tis")]  # failed: no final accuracy
+    records += [trial(f"z{s}-{ta}", None, ta, 0, s, v) for s in (0, 1) for ta, v in ((1.0, 0.3), (2.0, 0.4))]
+    picks = analysis.method_finals(frame(records))
+    assert picks[("copc", 4)].run_ids == ["a0", "a0-again", "a1"]
+    assert picks[("copc", 4)].finals.tolist() == [0.9, 0.7, 0.9]
+    assert picks[("tis", 4)].run_ids == ["t0", "t1"]
+    assert picks[("copc", 0)].run_ids == ["z0-2.0", "z1-2.0"] and picks[("copc", 0)].n_cells == 2
+
+
 def test_method_curves_draw_the_mean_of_the_picked_runs_between_the_lowest_and_the_highest():
     """Per method and k, the mean held-out accuracy of the runs `method_finals` picks at each evaluation, shaded from
-    the lowest run to the highest: tis's two runs (0.2, 0.4) and (0.4, 0.8) at steps 0 and 10 give the mean (0.3, 0.6)
-    between (0.2, 0.4) and (0.4, 0.8); copc's grid draws only its picked cell's run (τ_p 2 on seeds 0 and 1: the other
-    seed's better cell), not the τ_p 4 cell's."""
+    the lowest run to the highest: tis's runs (0.2, 0.4) and (0.4, 0.8) at steps 0 and 10 give the mean (0.3, 0.6)
+    between (0.2, 0.4) and (0.4, 0.8); copc's grid draws only its picked cell's runs, (0.5, 0.9) and (0.7, 0.8) at τ_p
+    2 (each seed's other seed ends better there than at τ_p 4): the mean (0.6, 0.85), the τ_p 4 runs left out."""
 
-    def runs_of(method, tp, k, seed, final, accuracies):
-        return trial(
-            f"{method}{tp}-{seed}",
-            tp,
-            1.0 if tp else None,
-            k,
-            seed,
-            final,
-            method=method,
-            history={"eval/accuracy": curve([0, 10], accuracies)},
-        )
+    def run(method, tp, seed, final, accuracies):
+        history = {"eval/accuracy": curve([0, 10], accuracies)}
+        return trial(f"{method}{tp}-{seed}", tp, 1.0 if tp else None, 4, seed, final, method=method, history=history)
 
-    records = [runs_of("tis", None, 4, 0, 0.4, [0.2, 0.4]), runs_of("tis", None, 4, 1, 0.8, [0.4, 0.8])]
-    records += [runs_of("copc", 2.0, 4, s, 0.9, [0.5, 0.9]) for s in (0, 1)]
-    records += [runs_of("copc", 4.0, 4, s, 0.1, [0.5, 0.1]) for s in (0, 1)]
-    runs = frame(records)
-    fig = figures.method_curves(analysis.method_finals(runs), curves_frame(records))
-    lines = {tr.name: tr for tr in fig.data if tr.showlegend}
+    records = [run("tis", None, 0, 0.4, [0.2, 0.4]), run("tis", None, 1, 0.8, [0.4, 0.8])]
+    records += [run("copc", 2.0, 0, 0.9, [0.5, 0.9]), run("copc", 2.0, 1, 0.8, [0.7, 0.8])]
+    records += [run("copc", 4.0, s, 0.1, [0.0, 0.1]) for s in (0, 1)]
+    fig = figures.method_curves(analysis.method_finals(frame(records)), curves_frame(records))
+    lines = {tr.name: tr for tr in fig.data if tr.meta != "spread"}
     assert sorted(lines) == ["copc (tuned over 2 cells)", "tis"]
     assert lines["tis"].y == pytest.approx((0.3, 0.6)) and list(lines["tis"].x) == [0, 10]
-    assert lines["copc (tuned over 2 cells)"].y == pytest.approx((0.5, 0.9))
-    band = [tr for tr in fig.data if tr.legendgroup == "tis" and not tr.showlegend]
-    assert [list(tr.y) for tr in band] == [pytest.approx([0.4, 0.8]), pytest.approx([0.2, 0.4])]  # highest, lowest
-    assert band[1].fill == "tonexty" and all(tr.visible for tr in band)  # two methods: the spread shown
-    means, spread = fig.layout.updatemenus[0].buttons  # a button hides the bands, leaving the mean lines
-    assert means.args[0]["visible"] == [tr.meta != "spread" for tr in fig.data] and spread.args[0]["visible"] == [
-        True
-    ] * len(fig.data)
-    records += [runs_of(m, None, 4, 0, 0.5, [0.3, 0.5]) for m in ("cispo", "seq_tis")]  # four methods: hidden
+    assert lines["copc (tuned over 2 cells)"].y == pytest.approx((0.6, 0.85))
+    bands = {g: [list(tr.y) for tr in fig.data if tr.legendgroup == g and tr.meta == "spread"] for g in ("tis", "copc")}
+    assert bands == {"tis": [[0.4, 0.8], [0.2, 0.4]], "copc": [[0.7, 0.9], [0.5, 0.8]]}  # highest, then lowest
+    assert all(tr.visible for tr in fig.data if tr.meta == "spread")  # two methods: the spread shown at first
+    records += [run(m, None, 0, 0.5, [0.3, 0.5]) for m in ("cispo", "seq_tis")]  # four methods: hidden at first
     crowded = figures.method_curves(analysis.method_finals(frame(records)), curves_frame(records))
     assert [tr.visible for tr in crowded.data if tr.meta == "spread"] == [False] * 8
