@@ -179,8 +179,10 @@ HOW_TO_READ = {  # one sentence under each figure
     "parallel": "One line per scored run; drag along an axis to keep only the runs in that range (the same view as "
     "MLflow's parallel coordinates, with the objective as the first axis).",
     "curves": "One line per run, coloured by its cell: solid, held-out accuracy at each evaluation; dotted, the "
-    "training reward of every step; ✕ where the run collapsed. Click a legend entry to hide a cell's runs.",
-    "diagnostics": "One line per run. An ESS near 1 and a small masked or clipped fraction mean the stale batches are "
+    "training reward of every step; ✕ where the run collapsed. Click a legend entry to hide a cell's runs; "
+    "double-click it to show that cell's runs alone (double-click again for all).",
+    "diagnostics": "One line per run (double-click a legend entry to show one cell's runs alone). An ESS near 1 and "
+    "a small masked or clipped fraction mean the stale batches are "
     "close to on-policy; spikes in the grad norm or the per-step KL warn before accuracy falls; a critic explained "
     "variance below 0 is worse than predicting the mean return.",
     "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
