@@ -342,6 +342,9 @@ class SweepOutcome(BaseModel):
 def copc_sweep(params: SweepParams) -> SweepOutcome:
     """Run a sweep: its warm start and each trial a node of this flow run as they happen, every trial's line in the
     log; publish its table as an artifact with links to MLflow and the report, and build the report."""
+    # reports.build is loaded now, with the rest: a tree changed while the sweep runs (a pull) would otherwise meet the
+    # modules loaded at its start when the report is built (an ImportError after hours of trials)
+    import reports.build  # noqa: F401
     from flows.sweep_job import SweepHooks, best_per_level, grid_table, run_sweep, sweep_rows
     from infra.tracking import mlflow_ui_for, sweep_url
     from sweeps.presets import sweep_preset

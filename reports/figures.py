@@ -28,7 +28,7 @@ DIAGNOSTICS = [
     ("critic/explained_var", "critic explained variance"),
     ("staleness/mean", "realised staleness"),
 ]
-_PALETTE = qualitative.Plotly + qualitative.D3
+_PALETTE = qualitative.Plotly + qualitative.D3 + qualitative.Dark24 + qualitative.Light24  # 68: a regime grid's cells
 
 
 def tau(x: float) -> str:

@@ -119,9 +119,8 @@ def _best_per_level(cells: pd.DataFrame, bands: dict[str, tuple[bool, bool]]) ->
     return pd.DataFrame(rows, columns=["staleness", "best", "all_collapsed"])
 
 
-def _summary(
-    runs: pd.DataFrame, cells: pd.DataFrame, region: pd.DataFrame, inter: pd.DataFrame, coupling: pd.DataFrame
-) -> pd.DataFrame:
+def _summary(runs: pd.DataFrame, t: _Tables) -> pd.DataFrame:
+    cells, region, inter, coupling, null = t.cells, t.region, t.inter, t.coupling, t.null
     rows = []
     for (method, k), g in runs.groupby(["method", "staleness"], sort=True):
         scored = g[g["scored"]]
@@ -129,6 +128,7 @@ def _summary(
         mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
         itr = inter[(inter["method"] == method) & (inter["staleness"] == k)]
         cpl = coupling[(coupling["method"] == method) & (coupling["staleness"] == k)]
+        nul = null[(null["method"] == method) & (null["staleness"] == k)]
         rows.append(
             {
                 "method": method,
@@ -144,6 +144,7 @@ def _summary(
                     if len(itr)
                     else "—"
                 ),
+                "null": f"{nul.iloc[0].p_value:.3f} ({nul.iloc[0].null_median:.2f})" if len(nul) else "—",
                 "reversals": f"{int(cpl['reversal'].sum())} of {len(cpl)} 2×2 sub-grids "
                 f"({int(cpl['significant_reversal'].sum())} significant)"
                 if len(cpl)
@@ -183,8 +184,10 @@ HOW_TO_READ = {  # one sentence under each figure
     "double-click it to show that cell's runs alone (double-click again for all).",
     "diagnostics": "One line per run (double-click a legend entry to show one cell's runs alone). An ESS near 1 and "
     "a small masked or clipped fraction mean the stale batches are "
-    "close to on-policy; spikes in the grad norm or the per-step KL warn before accuracy falls; a critic explained "
-    "variance below 0 is worse than predicting the mean return.",
+    "close to on-policy (at τ_a = 1 the band is the point 1, so every ratio other than 1 is clipped: a trace-clip "
+    "fraction near 1 there is by construction); spikes in the grad norm or the per-step KL warn before accuracy "
+    "falls; a critic explained variance, 1 − Var(return − value) / Var(return) over a batch, below 0 is worse than "
+    "predicting the mean return — where returns barely vary (accuracy near 0 or 1) a small error reads far below 0.",
     "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
     "collapsed by that learner step, Kaplan–Meier style — a run that never collapsed counts until it ended. Lines on "
     "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval.",
@@ -204,6 +207,7 @@ class _Tables:
     methods: pd.DataFrame
     times: pd.DataFrame
     late: pd.DataFrame
+    null: pd.DataFrame  # each grid's interaction fraction against an additive grid plus its seed noise
     picks: dict[tuple[str, int], analysis.MethodRuns]  # per (method, k), the runs methods are compared by
 
 
@@ -220,6 +224,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         times=analysis.step_times(runs, data.baseline),
         late=analysis.late_stage(runs, data.curves),
         picks=analysis.method_finals(runs),
+        null=analysis.additive_null(runs, data.n_boot),
     )
     sections = (
         _header,
@@ -262,7 +267,7 @@ def _summary_section(data: ReportData, t: _Tables) -> list[str]:
     return [
         "<h2>Summary</h2>",
         table(
-            _summary(data.runs, t.cells, t.region, t.inter, t.coupling),
+            _summary(data.runs, t),
             [
                 ("method", "method", lambda r: esc(r["method"])),
                 ("staleness", "k", None),
@@ -273,13 +278,19 @@ def _summary_section(data: ReportData, t: _Tables) -> list[str]:
                 ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
                 ("region", "cells within 90 % of best", None),
                 ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
+                ("null", "p, additive null (noise alone gives)", lambda r: esc(r["null"])),
                 ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"])),
             ],
             "summary",
         ),
         '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
-        "run). Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive "
-        "model in τ_p and τ_a cannot explain (0 = no coupling). Intervals: a cell's mean, Student t over its seeds; "
+        "run). Best cell: the highest seed mean among the method's cells, biased up by that choice among them (the "
+        "selection-free value, each seed scored at the cell chosen on the others, is the Aggregates section's). "
+        "Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive model "
+        "in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone makes it positive: p is "
+        "the share of additive grids plus the grid's own seed noise that reach at least the observed fraction (their "
+        "median in brackets), the test to read; τ_p sign reversals count point estimates, the significant ones those "
+        "whose interval excludes 0. Intervals: a cell's mean, Student t over its seeds; "
         "a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
         f"({data.n_boot} replicates, a random stream per cell); a collapse rate, exact (Clopper–Pearson). At 5 seeds "
         "the t intervals cover 93–95 % of the time and a bootstrap's 83–85 % (python -m bench.coverage); where runs "
@@ -504,7 +515,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
         "a run of the baseline (ties count half). A method swept over a grid enters by its selection-free picks: on "
-        "each seed, its runs at the cell with the best mean over the other seeds (the claims' <em>tuned</em>), so a "
+        "each seed, its runs at the cell with the best mean over the other seeds (leave-one-seed-out), so a "
         "grid's best cell is not favoured by its best-of-N; its cells are in the heatmaps. Intervals: percentile "
         "bootstrap over runs, as rliable gives them — at 5 seeds of one method's independent runs they cover ~90 % "
         "(IQM) and 86–91 % (probability of improvement) of the time for a nominal 95 % (python -m bench.coverage): "
@@ -522,6 +533,11 @@ def _improvement_matrix(
     two = [m for m, has in bands.items() if all(has)]
     improve = analysis.improvement_table(picks, two, [m for m, has in bands.items() if not any(has)])
     out = []
+    if improve.empty:
+        return [
+            '<p class="note">No probability of improvement: these runs hold no two-channel method beside a baseline '
+            "(a method without bands) at one k.</p>"
+        ]
     for k, at in improve.groupby("staleness", sort=True):
         matrix = at.assign(text=at.apply(interval, axis=1)).pivot(index="method", columns="baseline", values="text")
         out.append(f"<h3>P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}</h3>")
@@ -558,7 +574,9 @@ def _step_time_section(data: ReportData, t: _Tables) -> list[str]:
         '<p class="note">Speed-up vs k = 0 compares step times of the same method and runtime. Trials of a sweep run '
         "in-process inside one Ray task each, so their lag is simulated and does not overlap sampling with training: "
         "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
-        f"The learner-time ratio needs runs of <code>{esc(data.baseline)}</code> in the report.</p>",
+        f"The learner-time ratio is against runs of <code>{esc(data.baseline)}</code> at the same k (— where none "
+        "ran). Times are wall seconds of runs that shared the machine's cores with each other (a sweep runs trials "
+        "side by side): compare methods of one sweep, not figures across sweeps.</p>",
     ]
     if not t.times.empty:
         parts.append(figure_div(figures.step_time_bars(t.times), "step-time", HOW_TO_READ["step-time"]))

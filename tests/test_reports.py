@@ -788,3 +788,16 @@ def test_method_curves_draw_the_mean_of_the_picked_runs_between_the_lowest_and_t
     records += [run(m, None, 0, 0.5, [0.3, 0.5]) for m in ("cispo", "seq_tis")]  # four methods: hidden at first
     crowded = figures.method_curves(analysis.method_finals(frame(records)), curves_frame(records))
     assert [tr.visible for tr in crowded.data if tr.meta == "spread"] == [False] * 8
+
+
+def test_the_summary_reads_each_grids_interaction_against_seed_noise_and_says_when_no_baseline_ran():
+    """Seed noise alone makes an interaction fraction positive: the summary gives each grid's additive-null p and the
+    noise's median beside the fraction (the test a reader should read); a report with no baseline says why it has no
+    probability of improvement."""
+    data = sample_report()
+    page = render(data)
+    null = analysis.additive_null(data.runs, data.n_boot)
+    assert len(null) == 2  # the sample's grid at k = 0 and 4
+    for r in null.itertuples():
+        assert f"<td>{r.p_value:.3f} ({r.null_median:.2f})</td>" in page.replace('<td class="l">', "<td>")
+    assert "No probability of improvement: these runs hold no two-channel method beside a baseline" in page
