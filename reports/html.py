@@ -120,15 +120,12 @@ def _best_per_level(cells: pd.DataFrame, bands: dict[str, tuple[bool, bool]]) ->
 
 
 def _summary(runs: pd.DataFrame, t: _Tables) -> pd.DataFrame:
-    cells, region, inter, coupling, null = t.cells, t.region, t.inter, t.coupling, t.null
     rows = []
     for (method, k), g in runs.groupby(["method", "staleness"], sort=True):
         scored = g[g["scored"]]
-        reg = region[(region["method"] == method) & (region["staleness"] == k)]
-        mine = cells[(cells["method"] == method) & (cells["staleness"] == k)]
-        itr = inter[(inter["method"] == method) & (inter["staleness"] == k)]
-        cpl = coupling[(coupling["method"] == method) & (coupling["staleness"] == k)]
-        nul = null[(null["method"] == method) & (null["staleness"] == k)]
+        reg, mine, itr, cpl, nul = (
+            f[(f["method"] == method) & (f["staleness"] == k)] for f in (t.region, t.cells, t.inter, t.coupling, t.null)
+        )
         rows.append(
             {
                 "method": method,
@@ -284,14 +281,16 @@ def _summary_section(data: ReportData, t: _Tables) -> list[str]:
             "summary",
         ),
         '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
-        "run). Best cell: the highest seed mean among the method's cells, biased up by that choice among them (the "
-        "selection-free value, each seed scored at the cell chosen on the others, is the Aggregates section's). "
-        "Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive model "
-        "in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone makes it positive: p is "
-        "the share of additive grids plus the grid's own seed noise that reach at least the observed fraction (their "
-        "median in brackets), the test to read; τ_p sign reversals count point estimates, the significant ones those "
-        "whose interval excludes 0. Intervals: a cell's mean, Student t over its seeds; "
-        "a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
+        "run). Best cell: the highest seed mean among the method's cells, biased up by that choice among them (a "
+        "selection-free pick — each seed scored at the cell chosen on the others, on final accuracy — is in the "
+        "Aggregates section). Interaction fraction: share of the between-cell variation of the seed-mean objective "
+        "that an additive model in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone "
+        "makes it positive: p is the share of additive grids plus the grid's own seed noise that reach at least the "
+        "observed fraction (their median in parentheses; uncorrected for the grids tested, on the objective — the "
+        "claims' section tests final accuracy with Holm over the grids; — where a cell has under 2 seeds or the grid "
+        "is flat); τ_p sign reversals count point estimates, the significant ones those where τ_p's effect at each of "
+        "the two τ_a has a Welch interval excluding 0, on opposite sides. Intervals: a cell's mean, Student t over its "
+        "seeds; a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
         f"({data.n_boot} replicates, a random stream per cell); a collapse rate, exact (Clopper–Pearson). At 5 seeds "
         "the t intervals cover 93–95 % of the time and a bootstrap's 83–85 % (python -m bench.coverage); where runs "
         "collapse, no interval of the mean covers (read the collapse rate and the others apart). Cells with one seed "
@@ -532,12 +531,12 @@ def _improvement_matrix(
     bands = analysis.method_bands(runs)  # two-channel: both bands (at one cell or a grid); baseline: none
     two = [m for m, has in bands.items() if all(has)]
     improve = analysis.improvement_table(picks, two, [m for m, has in bands.items() if not any(has)])
-    out = []
     if improve.empty:
         return [
             '<p class="note">No probability of improvement: these runs hold no two-channel method beside a baseline '
             "(a method without bands) at one k.</p>"
         ]
+    out = []
     for k, at in improve.groupby("staleness", sort=True):
         matrix = at.assign(text=at.apply(interval, axis=1)).pivot(index="method", columns="baseline", values="text")
         out.append(f"<h3>P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}</h3>")
@@ -574,9 +573,9 @@ def _step_time_section(data: ReportData, t: _Tables) -> list[str]:
         '<p class="note">Speed-up vs k = 0 compares step times of the same method and runtime. Trials of a sweep run '
         "in-process inside one Ray task each, so their lag is simulated and does not overlap sampling with training: "
         "expect ≈ 1×. The overlapped runtime is measured by <code>python -m bench.async_speedup</code>. "
-        f"The learner-time ratio is against runs of <code>{esc(data.baseline)}</code> at the same k (— where none "
-        "ran). Times are wall seconds of runs that shared the machine's cores with each other (a sweep runs trials "
-        "side by side): compare methods of one sweep, not figures across sweeps.</p>",
+        f"The learner-time ratio is against runs of <code>{esc(data.baseline)}</code> at the same k and runtime "
+        "(— where none ran). Times are wall seconds of runs that shared the machine's cores with each other (a "
+        "sweep runs trials side by side): compare methods of one sweep, not figures across sweeps.</p>",
     ]
     if not t.times.empty:
         parts.append(figure_div(figures.step_time_bars(t.times), "step-time", HOW_TO_READ["step-time"]))

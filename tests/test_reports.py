@@ -792,12 +792,17 @@ def test_method_curves_draw_the_mean_of_the_picked_runs_between_the_lowest_and_t
 
 def test_the_summary_reads_each_grids_interaction_against_seed_noise_and_says_when_no_baseline_ran():
     """Seed noise alone makes an interaction fraction positive: the summary gives each grid's additive-null p and the
-    noise's median beside the fraction (the test a reader should read); a report with no baseline says why it has no
-    probability of improvement."""
-    data = sample_report()
-    page = render(data)
-    null = analysis.additive_null(data.runs, data.n_boot)
-    assert len(null) == 2  # the sample's grid at k = 0 and 4
-    for r in null.itertuples():
-        assert f"<td>{r.p_value:.3f} ({r.null_median:.2f})</td>" in page.replace('<td class="l">', "<td>")
+    noise's median beside the fraction, in that grid's row (an additive grid at k = 0, a coupled one at k = 4); a
+    report with no baseline says why it has no probability of improvement."""
+    records = grid_records(lambda i, a, k: 0.3 + 0.1 * i + 0.05 * a + (0.1 * i * a if k else 0.0))
+    runs = frame(records)
+    page = render(ReportData(title="t", runs=runs, curves=curves_frame(records), sources={}, n_boot=300))
+    null = analysis.additive_null(runs, 300).set_index("staleness")
+    assert null.loc[4, "p_value"] < 0.05 < null.loc[0, "p_value"]  # the coupled grid, and the additive one
+    summary = page.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    assert "p, additive null (noise alone gives)" in summary
+    for k in (0, 4):
+        row = next(r for r in summary.split("<tr>") if f"<td>{k}</td>" in r)
+        cell = f"{null.loc[k, 'p_value']:.3f} ({null.loc[k, 'null_median']:.2f})"
+        assert cell in row and summary.count(cell) == 1, (k, cell)
     assert "No probability of improvement: these runs hold no two-channel method beside a baseline" in page
