@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pathlib
 import statistics
@@ -326,7 +327,7 @@ def _mean(values: list[float]) -> float:
 
 def _sd(values: list[float]) -> float:
     """The sample sd; NaN for fewer than two values or any NaN among them (statistics.stdev raises on a NaN)."""
-    return statistics.stdev(values) if len(values) > 1 and not any(v != v for v in values) else float("nan")
+    return statistics.stdev(values) if len(values) > 1 and not any(math.isnan(v) for v in values) else float("nan")
 
 
 def _cell(mean: float, sd: float) -> str:

@@ -31,6 +31,11 @@ DIAGNOSTICS = [
 _PALETTE = qualitative.Plotly + qualitative.D3 + qualitative.Dark24 + qualitative.Light24  # 68: a regime grid's cells
 
 
+def _lag_panels(ks: list) -> go.Figure:
+    """One row of panels, one per lag k, titled `k = …`, sharing the y-axis."""
+    return make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+
+
 def tau(x: float) -> str:
     return "∞" if math.isinf(x) else f"{x:g}"
 
@@ -160,7 +165,7 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
     of the seed mean: non-parallel (crossing) lines are the coupling."""
     mine = cells[cells["method"] == method]
     ks = sorted(mine["staleness"].unique())
-    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    fig = _lag_panels(ks)
     tas_all = sorted(mine["tau_advantage"].unique())
     colors = {ta: _PALETTE[i % len(_PALETTE)] for i, ta in enumerate(tas_all)}
     for col, k in enumerate(ks, start=1):
@@ -270,7 +275,7 @@ def method_curves(
     k, a colour per method; a method swept over a grid by its selection-free picks (`analysis.method_finals`)."""
     ks = sorted({k for _, k in picks})
     methods = sorted({m for m, _ in picks})
-    fig = make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    fig = _lag_panels(ks)
     colors = _colors([(m,) for m in methods])
     spread = len(methods) <= 3
     data = curves[curves["metric"] == metric]
@@ -338,7 +343,7 @@ def learning_curves(
     reward of every step beside it (dotted, same colour), one panel per staleness level, ✕ at the
     collapse step. The dotted line shows rise-and-fall episodes shorter than the evaluation interval."""
     ks = sorted(runs["staleness"].unique())
-    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    fig = _lag_panels(ks)
     colors = _colors([run_cell(r) for r in runs.itertuples()])
     data = curves[curves["metric"] == metric]
     train = curves[curves["metric"] == train_metric]
@@ -522,7 +527,7 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
     step, one panel per lag k, one line per method (COPC's readings thicker); hover gives the interval and the runs
     still at risk."""
     ks = sorted(surv["staleness"].unique())
-    fig = make_subplots(rows=1, cols=len(ks), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    fig = _lag_panels(ks)
     colors = _colors([(m,) for m in surv["method"]])
     for col, k in enumerate(ks, start=1):
         for method, g in surv[surv["staleness"] == k].groupby("method", sort=True):
@@ -555,7 +560,7 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns]) -> go.Figure:
     τ, one panel per lag k, one line per method in a colour of its own; a method swept over a grid is drawn from its
     selection-free picks (`reports.analysis.method_finals`), named so."""
     ks = sorted({k for _, k in picks})
-    fig = make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], shared_yaxes=True)
+    fig = _lag_panels(ks)
     taus = np.linspace(0.0, 1.0, 201)
     every = np.concatenate([m.finals for m in picks.values()]) if picks else np.array([0.0, 1.0])
     span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where the runs end, not empty space
