@@ -75,13 +75,55 @@ def tau_grid(
 
 
 OBJECTIVE_RANGE = (-1.0, 1.0)  # accuracy in [0, 1] minus a collapse penalty in [0, 1]: one pinned scale
+MIN_SPAN = 0.2  # the interaction plot's y-axis and the heatmaps' colours span at least this: a 0.004 gap looks small
 
 
-def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
+def colour_range(cells: pd.DataFrame) -> tuple[float, float]:
+    """The heatmaps' default colour range: the seed means of every drawn cell of the report (one scale for all its
+    heatmaps), widened about its middle to at least MIN_SPAN — a grid at 0.64–0.71 shows its structure, a 0.004
+    gap does not fill the scale — and kept inside the objective's range. Where no cell is above 0 (all collapsed,
+    nothing healthy to tell apart) it is the pinned range, so a collapsed grid never looks good."""
+    means = cells["mean"].dropna().clip(*OBJECTIVE_RANGE)
+    if means.empty or float(means.max()) <= 0.0:
+        return OBJECTIVE_RANGE
+    lo, hi = float(means.min()), float(means.max())
+    pad = max(MIN_SPAN - (hi - lo), 0.0) / 2
+    lo, hi = lo - pad, hi + pad
+    shift = max(OBJECTIVE_RANGE[0] - lo, 0.0) - max(hi - OBJECTIVE_RANGE[1], 0.0)
+    return max(lo + shift, OBJECTIVE_RANGE[0]), min(hi + shift, OBJECTIVE_RANGE[1])
+
+
+def _colour_buttons(zrange: tuple[float, float]) -> list[dict]:
+    """Two buttons over a heatmap figure: the report's colour range (the default) or the pinned −1..1."""
+    return [
+        {
+            "type": "buttons",
+            "direction": "right",
+            "x": 0.0,
+            "xanchor": "left",
+            "y": 1.2,
+            "yanchor": "bottom",
+            "buttons": [
+                {
+                    "label": f"colour: this report's cells ({zrange[0]:.2f} to {zrange[1]:.2f})",
+                    "method": "restyle",
+                    "args": [{"zmin": zrange[0], "zmax": zrange[1]}],
+                },
+                {
+                    "label": "colour: the whole objective (−1 to 1)",
+                    "method": "restyle",
+                    "args": [{"zmin": OBJECTIVE_RANGE[0], "zmax": OBJECTIVE_RANGE[1]}],
+                },
+            ],
+        }
+    ]
+
+
+def heatmaps(cells: pd.DataFrame, method: str, zrange: tuple[float, float] = OBJECTIVE_RANGE) -> go.Figure:
     """One heatmap per staleness level: seed-mean objective over (τ_p rows, τ_a columns), annotated
-    with mean ± sd, the number of seeds and the collapsed runs. The colour scale is pinned to the
-    objective's whole range (0 at its middle), so an all-collapsed grid never looks good; the best
-    cell of each panel is outlined (every tied cell), and a panel whose runs all collapsed says so."""
+    with mean ± sd, the number of seeds and the collapsed runs. Colour over `zrange` (`colour_range` of the
+    report's drawn cells), with buttons for it and for the objective's whole range; the best cell of each panel is
+    outlined (every tied cell), and a panel whose runs all collapsed says so."""
     mine = cells[cells["method"] == method]
     ks = sorted(mine["staleness"].unique())
     titles = []
@@ -113,9 +155,8 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
                 y=[tau(v) for v in tps],
                 text=text,
                 texttemplate="%{text}",
-                zmin=OBJECTIVE_RANGE[0],
-                zmax=OBJECTIVE_RANGE[1],
-                zmid=0.0,
+                zmin=zrange[0],
+                zmax=zrange[1],
                 colorscale="RdYlGn",
                 showscale=col == len(ks),
                 colorbar={"title": "objective"},
@@ -142,13 +183,11 @@ def heatmaps(cells: pd.DataFrame, method: str) -> go.Figure:
     fig.update_layout(
         title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
         "outlined: best at that k, ties all outlined)",
-        height=400,
-        margin={"t": 80},
+        height=430,
+        margin={"t": 110},
+        updatemenus=_colour_buttons(zrange),
     )
     return fig
-
-
-MIN_SPAN = 0.2  # the interaction plot's y-axis spans at least this much objective: a 0.004 gap must look small
 
 
 def span_at_least(cells: pd.DataFrame, span: float) -> list[float]:

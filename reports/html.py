@@ -134,7 +134,9 @@ def _summary(runs: pd.DataFrame, t: _Tables) -> pd.DataFrame:
                 "failed": int((~g["scored"]).sum()),
                 "collapsed": int(scored["collapsed"].sum()),
                 "best": best_cells(mine, analysis.method_bands(runs)),
-                "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
+                "region": (
+                    f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) and reg.iloc[0].n_cells > 1 else "—"
+                ),
                 "interaction": (
                     f"{itr.iloc[0].fraction:.2f} "
                     f"[{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
@@ -163,8 +165,10 @@ HOW_TO_READ = {  # one sentence under each figure
     "seed its runs at the cell with the best mean over the other seeds): the share of its runs whose final held-out "
     "accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
-    "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective on one fixed "
-    "scale for every report (−1 red to 1 green; a collapse costs the penalty), its text the mean ± sd over n seeds "
+    "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective, red low to "
+    "green high, on one scale for every heatmap of this report (from its lowest cell to its highest, at least "
+    f"{figures.MIN_SPAN:g} wide, so seed noise does not fill it); the second button puts it on the objective's whole "
+    "range, −1 to 1, the same for every report (a collapse costs the penalty). The text: the mean ± sd over n seeds "
     "and the runs that collapsed; the outlined square is the best cell at that k.",
     "interaction": "Each line is one τ_a: its points are the seed means at each τ_p with their 95 % t "
     "intervals (none with one seed). Parallel lines mean the two bands act independently; lines that cross mean the "
@@ -173,7 +177,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "contrasts": "Each row is one 2 × 2 sub-grid: how much τ_p's effect changes between two values of τ_a, with its "
     "95 % interval. An interval clear of 0 is evidence of coupling; red: τ_p's effect changes sign, significantly.",
     "region": "The share of each method's (τ_p, τ_a) cells whose seed-mean objective is within 90 % of its best cell "
-    "at that k: a tall bar is a method that is easy to tune.",
+    "at that k (methods with one cell at that k left out). A loose bar where accuracies are high: at a best of 0.70 "
+    "it counts every cell above 0.63 — a full bar says no cell is far off, not that the bands do not matter; the "
+    "heatmaps' numbers tell finer.",
     "parallel": "One line per scored run; drag along an axis to keep only the runs in that range (the same view as "
     "MLflow's parallel coordinates, with the objective as the first axis).",
     "curves": "One line per run, coloured by its cell: solid, held-out accuracy at each evaluation; dotted, the "
@@ -346,15 +352,19 @@ def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
     parts = ["<h2>Interaction heatmaps</h2>"]
     if not gridded:
         parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
+    zrange = figures.colour_range(t.cells[t.cells["method"].isin(gridded)])
     for i, method in enumerate(gridded):
-        parts.append(figure_div(figures.heatmaps(t.cells, method), f"heatmap-{i}", HOW_TO_READ["heatmap"]))
+        parts.append(figure_div(figures.heatmaps(t.cells, method, zrange), f"heatmap-{i}", HOW_TO_READ["heatmap"]))
         parts.append(
             figure_div(figures.interaction_lines(t.cells, method), f"interaction-{i}", HOW_TO_READ["interaction"])
         )
     parts += ["<h2>Coupling analysis</h2>", *_coupling(t.coupling)]
+    region = t.region[t.region["n_cells"] > 1]  # a method's one cell is always "within 90 %" of itself
     return parts + [
         "<h2>High-performing region</h2>",
-        figure_div(figures.region_bars(t.region), "region", HOW_TO_READ["region"]),
+        figure_div(figures.region_bars(region), "region", HOW_TO_READ["region"])
+        if len(region)
+        else '<p class="note">No method has more than one (τ_p, τ_a) cell at a lag: nothing to compare.</p>',
     ]
 
 

@@ -49,6 +49,15 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
         "return document.querySelectorAll('#heatmap-0 g.text-annotation, #heatmap-0 .heatmaplayer text').length"
     )
     assert labels >= 9
+    # coloured over the report's cells, α = 0.5 to the objective's top 1 (α + 2β + 2γ + 4c = 1.12 lies past it);
+    # the second button puts every panel on −1..1
+    scale = "return document.getElementById('heatmap-0')._fullData.map(t => [t.zmin, t.zmax])"
+    assert browser.execute_script(scale) == [[0.5, 1.0], [0.5, 1.0]]
+    whole = browser.find_elements(By.CSS_SELECTOR, "#heatmap-0 g.updatemenu-button")[1]
+    assert "whole objective" in whole.text
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", whole)
+    whole.click()
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(scale) == [[-1, 1], [-1, 1]])
     # the performance profiles are drawn: one line per method and lag (the sample's 3 × 3 grid at k = 0 and 4, by its
     # selection-free picks), a staircase down from every run above τ = 0
     profiles = browser.execute_script(

@@ -474,7 +474,40 @@ def test_parallel_coordinates_put_the_objective_first_on_the_pinned_scale():
     assert "Every run, objective first" in page and 'id="parallel"' in page
 
 
-def test_heatmap_scale_is_pinned_ties_are_outlined_and_an_all_collapsed_level_says_so():
+def test_heatmap_colours_span_the_reports_cells_at_least_min_span_and_pin_where_all_collapsed():
+    def cells(*means):
+        return pd.DataFrame({"mean": list(means)})
+
+    lo, hi = figures.colour_range(cells(0.64, 0.71, 0.66, float("nan")))  # 0.07 wide: widened to 0.2 about 0.675
+    assert (lo, hi) == (pytest.approx(0.575), pytest.approx(0.775))
+    assert figures.colour_range(cells(0.2, 0.9)) == (0.2, 0.9)  # wide enough: the cells' own range
+    lo, hi = figures.colour_range(cells(0.95, 1.0))  # widened past the objective's top: moved down, 0.2 kept
+    assert (lo, hi) == (pytest.approx(0.8), pytest.approx(1.0))
+    assert figures.colour_range(cells(-0.5, -0.45)) == (-1.0, 1.0)  # no cell above 0: −0.45 must not look good
+    assert figures.colour_range(cells(float("nan"))) == (-1.0, 1.0)
+    fig = figures.heatmaps(analysis.cell_stats(frame(grid_records(bilinear))), "copc", (0.5, 0.9))
+    assert {(t.zmin, t.zmax) for t in fig.data} == {(0.5, 0.9)}
+    (menu,) = fig.layout.updatemenus  # the report's range, or the objective's whole range for every trace
+    assert [b.args[0] for b in menu.buttons] == [{"zmin": 0.5, "zmax": 0.9}, {"zmin": -1.0, "zmax": 1.0}]
+
+
+def test_the_region_leaves_out_methods_with_one_cell():
+    """A method with one cell is always within 90 % of its best: no 1/1 bar, a dash in the summary."""
+    grid = grid_records(lambda i, a, k: 0.5 + 0.1 * i, ks=(4,))
+    base = [trial(f"b{s}", INF, INF, 4, s, 0.6, method="tis") for s in range(3)]
+    page = render(ReportData(title="t", runs=frame(grid + base), curves=curves_frame(grid + base), n_boot=50))
+    region = analysis.high_performing_region(analysis.cell_stats(frame(grid)))
+    assert (region.n_within.item(), region.n_cells.item()) == (3, 9)  # 0.7 best: the τ_p = 4 row, 0.7 ≥ 0.63
+    summary = page.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    rows = {r.split("</td>", 1)[0].rsplit(">", 1)[-1]: r for r in summary.split("<tr>")[2:]}
+    assert "<td>3/9</td>" in rows["copc"] and "/1</td>" not in rows["tis"]
+    bars = page.split('id="region"', 1)[1].split("</script>", 1)[0]
+    assert '"name":"copc"' in bars and '"name":"tis"' not in bars
+    only_one = render(ReportData(title="t", runs=frame(base), curves=curves_frame(base), n_boot=50))
+    assert 'id="region"' not in only_one and "No method has more than one (τ_p, τ_a) cell at a lag" in only_one
+
+
+def test_heatmap_ties_are_outlined_and_an_all_collapsed_level_says_so():
     # k = 0: four cells tie at 0.8 (the rest 0.5); k = 4: every run collapsed (objective −0.496 everywhere)
     def value(i, a, k):
         return (0.8 if i < 2 and a < 2 else 0.5) if k == 0 else -0.496
@@ -487,7 +520,7 @@ def test_heatmap_scale_is_pinned_ties_are_outlined_and_an_all_collapsed_level_sa
     runs = frame(records)
     cells = analysis.cell_stats(runs)
     fig = figures.heatmaps(cells, "copc")
-    assert {(t.zmin, t.zmax, t.zmid) for t in fig.data} == {(-1.0, 1.0, 0.0)}  # −0.496 is not "bright", whatever else
+    assert figures.colour_range(cells[cells["staleness"] == 4]) == (-1.0, 1.0)  # −0.496 alone is not "bright"
     outlined = [s for s in fig.layout.shapes if s.xref == "x"]
     assert len(outlined) == 4  # the four tied cells of k = 0, each outlined
     assert "k = 4 (all collapsed)" in [a.text for a in fig.layout.annotations]
