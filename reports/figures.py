@@ -101,7 +101,7 @@ def _colour_buttons(zrange: tuple[float, float]) -> list[dict]:
             "direction": "right",
             "x": 0.0,
             "xanchor": "left",
-            "y": 1.2,
+            "y": 1.12,
             "yanchor": "bottom",
             "buttons": [
                 {
@@ -181,10 +181,14 @@ def heatmaps(cells: pd.DataFrame, method: str, zrange: tuple[float, float] = OBJ
         fig.update_xaxes(title_text="τ_a", type="category", row=1, col=col)
         fig.update_yaxes(title_text="τ_p", type="category", row=1, col=col)
     fig.update_layout(
-        title=f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
-        "outlined: best at that k, ties all outlined)",
-        height=430,
-        margin={"t": 110},
+        title={  # at the top, the colour buttons below it
+            "text": f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
+            "outlined: best at that k, ties all outlined)",
+            "y": 0.98,
+            "yanchor": "top",
+        },
+        height=440,
+        margin={"t": 120},
         updatemenus=_colour_buttons(zrange),
     )
     return fig
