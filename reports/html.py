@@ -267,10 +267,21 @@ def _header(data: ReportData, t: _Tables) -> list[str]:
 
 def _summary_section(data: ReportData, t: _Tables) -> list[str]:
     esc = html.escape
+    summary = _summary(data.runs, t)
+    grids = [  # the columns of a method swept over a grid, left out where no row has one
+        (col, head, fmt)
+        for col, head, fmt in [
+            ("region", "cells within 90 % of best", None),
+            ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
+            ("null", "p, additive null (noise alone gives)", lambda r: esc(r["null"])),
+            ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"])),
+        ]
+        if (summary[col] != "—").any()
+    ]
     return [
         "<h2>Summary</h2>",
         table(
-            _summary(data.runs, t),
+            summary,
             [
                 ("method", "method", lambda r: esc(r["method"])),
                 ("staleness", "k", None),
@@ -279,23 +290,26 @@ def _summary_section(data: ReportData, t: _Tables) -> list[str]:
                 ("collapsed", "collapsed", None),
                 ("seeds", "seeds per cell (min)", None),
                 ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
-                ("region", "cells within 90 % of best", None),
-                ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
-                ("null", "p, additive null (noise alone gives)", lambda r: esc(r["null"])),
-                ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"])),
+                *grids,
             ],
             "summary",
         ),
         '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
         "run). Best cell: the highest seed mean among the method's cells, biased up by that choice among them (a "
         "selection-free pick — each seed scored at the cell chosen on the others, on final accuracy — is in the "
-        "Aggregates section). Interaction fraction: share of the between-cell variation of the seed-mean objective "
-        "that an additive model in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone "
-        "makes it positive: p is the share of additive grids plus the grid's own seed noise that reach at least the "
-        "observed fraction (their median in parentheses; uncorrected for the grids tested, on the objective — the "
-        "claims' section tests final accuracy with Holm over the grids; — where a cell has under 2 seeds or the grid "
-        "is flat); τ_p sign reversals count point estimates, the significant ones those where τ_p's effect at each of "
-        "the two τ_a has a Welch interval excluding 0, on opposite sides. Intervals: a cell's mean, Student t over its "
+        "Aggregates section). "
+        + (
+            "Interaction fraction: share of the between-cell variation of the seed-mean objective "
+            "that an additive model in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone "
+            "makes it positive: p is the share of additive grids plus the grid's own seed noise that reach at least "
+            "the observed fraction (their median in parentheses; uncorrected for the grids tested, on the objective — "
+            "the claims' section tests final accuracy with Holm over the grids; — where a cell has under 2 seeds or "
+            "the grid is flat); τ_p sign reversals count point estimates, the significant ones those where τ_p's "
+            "effect at each of the two τ_a has a Welch interval excluding 0, on opposite sides. "
+            if grids
+            else ""
+        )
+        + "Intervals: a cell's mean, Student t over its "
         "seeds; a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
         f"({data.n_boot} replicates, a random stream per cell); a collapse rate, exact (Clopper–Pearson). At 5 seeds "
         "the t intervals cover 93–95 % of the time and a bootstrap's 83–85 % (python -m bench.coverage); where runs "
@@ -349,9 +363,12 @@ def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
         for m, g in t.cells.groupby("method", sort=True)
         if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1
     ]
+    if not gridded:  # one heading, not three empty sections
+        return [
+            "<h2>Interaction heatmaps, coupling analysis, high-performing region</h2>",
+            '<p class="note">None: no method was swept over more than one (τ_p, τ_a) cell.</p>',
+        ]
     parts = ["<h2>Interaction heatmaps</h2>"]
-    if not gridded:
-        parts.append('<p class="note">No method was swept over more than one (τ_p, τ_a) cell.</p>')
     zrange = figures.colour_range(t.cells[t.cells["method"].isin(gridded)])
     for i, method in enumerate(gridded):
         parts.append(figure_div(figures.heatmaps(t.cells, method, zrange), f"heatmap-{i}", HOW_TO_READ["heatmap"]))

@@ -491,8 +491,9 @@ def test_heatmap_colours_span_the_reports_cells_at_least_min_span_and_pin_where_
     assert [b.args[0] for b in menu.buttons] == [{"zmin": 0.5, "zmax": 0.9}, {"zmin": -1.0, "zmax": 1.0}]
 
 
-def test_the_region_leaves_out_methods_with_one_cell():
-    """A method with one cell is always within 90 % of its best: no 1/1 bar, a dash in the summary."""
+def test_the_grid_sections_leave_out_methods_with_one_cell():
+    """A method with one cell is always within 90 % of its best: no 1/1 bar, a dash in the summary; a report with no
+    grid has no grid sections or columns."""
     grid = grid_records(lambda i, a, k: 0.5 + 0.1 * i, ks=(4,))
     base = [trial(f"b{s}", INF, INF, 4, s, 0.6, method="tis") for s in range(3)]
     page = render(ReportData(title="t", runs=frame(grid + base), curves=curves_frame(grid + base), n_boot=50))
@@ -503,8 +504,14 @@ def test_the_region_leaves_out_methods_with_one_cell():
     assert "<td>3/9</td>" in rows["copc"] and "/1</td>" not in rows["tis"]
     bars = page.split('id="region"', 1)[1].split("</script>", 1)[0]
     assert '"name":"copc"' in bars and '"name":"tis"' not in bars
+    assert "interaction fraction [95 % CI]" in summary and "<h2>Coupling analysis</h2>" in page
+    # no grid at all (a long study's fixed cells): one note for the three grid sections, no empty grid columns
     only_one = render(ReportData(title="t", runs=frame(base), curves=curves_frame(base), n_boot=50))
-    assert 'id="region"' not in only_one and "No method has more than one (τ_p, τ_a) cell at a lag" in only_one
+    summary = only_one.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    assert "cells within 90 %" not in summary and "interaction fraction" not in summary and "reversals" not in summary
+    assert "<th>best cell of the method at k: objective</th>" in summary
+    assert 'id="region"' not in only_one and "<h2>Coupling analysis</h2>" not in only_one
+    assert "None: no method was swept over more than one (τ_p, τ_a) cell." in only_one
 
 
 def test_heatmap_ties_are_outlined_and_an_all_collapsed_level_says_so():
