@@ -497,21 +497,25 @@ def late_half_aucs(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.Series:
 
 def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Per (method, k): collapses and their steps, final − peak held-out accuracy and the late-half AUC
-    (`late_half_auc`), seed means with t intervals (`mean_interval`) cut to their ranges, [−1, 0] and [0, 1]."""
+    (`late_half_auc`), seed means with t intervals (`mean_interval`) cut to their ranges, [−1, 0] and [0, 1]. A
+    seed's runs (a grid's cells, replicates) are averaged first: they share the seed, so the interval is over seeds,
+    not over runs counted as independent."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
-    scored = scored.assign(late_auc=late_half_aucs(scored, curves))
+    scored = scored.assign(
+        late_auc=late_half_aucs(scored, curves), lost=scored["final_accuracy"] - scored["peak_accuracy"]
+    )
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
-        lost = (g["final_accuracy"] - g["peak_accuracy"]).to_numpy(float)
-        late = g["late_auc"].to_numpy(float)
-        loss, loss_low, loss_high = mean_interval(lost, level, bounds=(-1.0, 0.0))  # accuracies: final ≤ peak
-        auc, auc_low, auc_high = mean_interval(late, level, bounds=(0.0, 1.0))
+        per_seed = g.groupby("seed")[["lost", "late_auc"]].mean()
+        loss, loss_low, loss_high = mean_interval(per_seed["lost"].to_numpy(float), level, bounds=(-1.0, 0.0))
+        auc, auc_low, auc_high = mean_interval(per_seed["late_auc"].to_numpy(float), level, bounds=(0.0, 1.0))
         steps = sorted(int(s) for s in g.loc[g["collapsed"], "collapse_step"].dropna())
         rows.append(
             dict(
                 method=method,
                 staleness=k,
                 n_runs=len(g),
+                n_seeds=len(per_seed),
                 collapsed=int(g["collapsed"].sum()),
                 collapse_steps=", ".join(map(str, steps)),
                 final_minus_peak=loss,
@@ -524,7 +528,9 @@ def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -
         )
     if not rows:
         return schema.empty(schema.LATE)
-    frame = pd.DataFrame(rows).astype({"staleness": "int64", "n_runs": "int64", "collapsed": "int64"})
+    frame = pd.DataFrame(rows).astype(
+        {"staleness": "int64", "n_runs": "int64", "n_seeds": "int64", "collapsed": "int64"}
+    )
     return schema.validate(frame, schema.LATE, "late")
 
 

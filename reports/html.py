@@ -495,6 +495,7 @@ def _late_section(data: ReportData, t: _Tables) -> list[str]:
                 ("method", "method", lambda r: html.escape(r["method"])),
                 ("staleness", "k", None),
                 ("n_runs", "runs", None),
+                ("n_seeds", "seeds", None),
                 ("collapsed", "collapsed", None),
                 ("collapse_steps", "at steps", lambda r: html.escape(r["collapse_steps"]) or "—"),
                 ("final_minus_peak", "final − peak [95 % CI]", interval("final_minus_peak")),
@@ -504,8 +505,8 @@ def _late_section(data: ReportData, t: _Tables) -> list[str]:
         ),
         '<p class="note">final − peak: held-out accuracy at the end minus its best evaluation, seed mean (0: nothing '
         "lost). Late-half AUC: the held-out accuracy averaged over the second half of each run's steps. Intervals: "
-        "Student t over the runs of the row (scipy), cut to what each can be ([−1, 0] and [0, 1]: a collapse's point "
-        "mass would carry them past); none with one run.</p>",
+        "Student t over seeds (scipy), each seed's runs averaged first (a grid's cells share their seed), cut to what "
+        "each can be ([−1, 0] and [0, 1]: a collapse's point mass would carry them past); none with one seed.</p>",
     ]
 
 

@@ -198,6 +198,7 @@ LATE = {  # per (method, k): what happens late in training
     "method": "str",
     "staleness": "int",
     "n_runs": "int",
+    "n_seeds": "int",  # the intervals are over seeds: a seed's runs (a grid's cells) averaged first
     "collapsed": "int",
     "collapse_steps": "str",  # the collapsed runs' steps, ascending
     "final_minus_peak": "float",  # seed mean of final − peak held-out accuracy (≤ 0: how much was lost)

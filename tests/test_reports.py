@@ -723,6 +723,20 @@ def test_late_stage_counts_collapses_and_gives_intervals_per_method():
     assert grown.loc["copc", "late_auc_low"] == late.loc["copc", "late_auc_low"]
 
 
+def test_late_stage_averages_a_grids_cells_per_seed_before_its_interval():
+    """Two cells × three seeds, a run's held-out accuracy flat at v (its late-half AUC is v): the seed means are
+    0.6, 0.7, 0.8, and the interval is t over those three, not over six runs as if independent (±0.148 there)."""
+    values = {(1.5, 0): 0.5, (1.5, 1): 0.6, (1.5, 2): 0.7, (4.0, 0): 0.7, (4.0, 1): 0.8, (4.0, 2): 0.9}
+    records = [
+        trial(f"r{tp}-{s}", tp, 2.0, 8, s, v, steps=1000, history={"eval/accuracy": curve([0, 500, 1000], [v] * 3)})
+        for (tp, s), v in values.items()
+    ]
+    (row,) = analysis.late_stage(frame(records), curves_frame(records)).itertuples()
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)  # the seed means' sd is 0.1
+    assert (row.n_runs, row.n_seeds) == (6, 3)
+    assert (row.late_auc, row.late_auc_low, row.late_auc_high) == pytest.approx((0.7, 0.7 - half, 0.7 + half))
+
+
 def test_late_stage_intervals_stay_inside_what_an_accuracy_can_be():
     """Four runs near 1 and one collapsed to 0 (tool-math's long runs): the t interval of the late-half AUC's mean
     reaches past 1 and is cut there, as final − peak's is cut at 0; the lower ends are scipy's own."""
