@@ -495,27 +495,39 @@ def late_half_aucs(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.Series:
     )
 
 
+def seed_values(runs: pd.DataFrame, column: str) -> np.ndarray:
+    """One value per seed for a t interval over seeds: the mean of the cells' means, plus that seed's mean deviation
+    from its cells' means (centred). On a full grid this is the seed's mean over its cells; where a seed lacks some
+    cells (a failed trial) it is read against the cells it has, so the gap between cells is not read as seed noise
+    (the cells' means, over unequal seeds, are the reference: not a full two-way fit). One cell: its runs' values."""
+    cells = [runs["tau_policy"], runs["tau_advantage"]]
+    values = runs[column].astype(float)
+    means = values.groupby(cells).transform("mean")
+    deviation = (values - means).groupby(runs["seed"]).mean().dropna()
+    centre = float(values.groupby(cells).mean().mean())
+    return (centre + deviation - deviation.mean()).to_numpy(float)
+
+
 def late_stage(runs: pd.DataFrame, curves: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Per (method, k): collapses and their steps, final − peak held-out accuracy and the late-half AUC
     (`late_half_auc`), seed means with t intervals (`mean_interval`) cut to their ranges, [−1, 0] and [0, 1]. A
-    seed's runs (a grid's cells, replicates) are averaged first: they share the seed, so the interval is over seeds,
-    not over runs counted as independent."""
+    seed's runs (a grid's cells, replicates) share the seed, so the interval is over seeds (`seed_values`), not over
+    runs counted as independent."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
     scored = scored.assign(
         late_auc=late_half_aucs(scored, curves), lost=scored["final_accuracy"] - scored["peak_accuracy"]
     )
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
-        per_seed = g.groupby("seed")[["lost", "late_auc"]].mean()
-        loss, loss_low, loss_high = mean_interval(per_seed["lost"].to_numpy(float), level, bounds=(-1.0, 0.0))
-        auc, auc_low, auc_high = mean_interval(per_seed["late_auc"].to_numpy(float), level, bounds=(0.0, 1.0))
+        loss, loss_low, loss_high = mean_interval(seed_values(g, "lost"), level, bounds=(-1.0, 0.0))
+        auc, auc_low, auc_high = mean_interval(seed_values(g, "late_auc"), level, bounds=(0.0, 1.0))
         steps = sorted(int(s) for s in g.loc[g["collapsed"], "collapse_step"].dropna())
         rows.append(
             dict(
                 method=method,
                 staleness=k,
                 n_runs=len(g),
-                n_seeds=len(per_seed),
+                n_seeds=g["seed"].nunique(),
                 collapsed=int(g["collapsed"].sum()),
                 collapse_steps=", ".join(map(str, steps)),
                 final_minus_peak=loss,

@@ -79,14 +79,15 @@ MIN_SPAN = 0.2  # the interaction plot's y-axis and the heatmaps' colours span a
 
 
 def colour_range(cells: pd.DataFrame) -> tuple[float, float]:
-    """The heatmaps' default colour range: the seed means of every drawn cell of the report (one scale for all its
-    heatmaps), widened about its middle to at least MIN_SPAN — a grid at 0.64–0.71 shows its structure, a 0.004
-    gap does not fill the scale — and kept inside the objective's range. Where no cell is above 0 (all collapsed,
-    nothing healthy to tell apart) it is the pinned range, so a collapsed grid never looks good."""
-    means = cells["mean"].dropna().clip(*OBJECTIVE_RANGE)
-    if means.empty or float(means.max()) <= 0.0:
+    """The heatmaps' default colour range, one for all of a report's heatmaps: the seed means of its drawn cells whose
+    runs did not all collapse, widened about their middle to at least MIN_SPAN (a grid at 0.64–0.71 shows its
+    structure, a 0.004 gap does not fill the scale) and kept inside the objective's range. A wholly collapsed cell
+    lies below it and takes the lowest colour; where every cell collapsed, the pinned range: a collapsed grid never
+    looks good, whatever the penalty."""
+    healthy = cells.loc[cells["collapse_rate"] < 1.0, "mean"].dropna().clip(*OBJECTIVE_RANGE)
+    if healthy.empty:
         return OBJECTIVE_RANGE
-    lo, hi = float(means.min()), float(means.max())
+    lo, hi = float(healthy.min()), float(healthy.max())
     pad = max(MIN_SPAN - (hi - lo), 0.0) / 2
     lo, hi = lo - pad, hi + pad
     shift = max(OBJECTIVE_RANGE[0] - lo, 0.0) - max(hi - OBJECTIVE_RANGE[1], 0.0)

@@ -134,9 +134,7 @@ def _summary(runs: pd.DataFrame, t: _Tables) -> pd.DataFrame:
                 "failed": int((~g["scored"]).sum()),
                 "collapsed": int(scored["collapsed"].sum()),
                 "best": best_cells(mine, analysis.method_bands(runs)),
-                "region": (
-                    f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) and reg.iloc[0].n_cells > 1 else "—"
-                ),
+                "region": f"{reg.iloc[0].n_within}/{reg.iloc[0].n_cells}" if len(reg) else "—",
                 "interaction": (
                     f"{itr.iloc[0].fraction:.2f} "
                     f"[{num(itr.iloc[0].fraction_low, 2)}, {num(itr.iloc[0].fraction_high, 2)}]"
@@ -166,10 +164,12 @@ HOW_TO_READ = {  # one sentence under each figure
     "accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective, red low to "
-    "green high, on one scale for every heatmap of this report (from its lowest cell to its highest, at least "
-    f"{figures.MIN_SPAN:g} wide, so seed noise does not fill it); the second button puts it on the objective's whole "
-    "range, −1 to 1, the same for every report (a collapse costs the penalty). The text: the mean ± sd over n seeds "
-    "and the runs that collapsed; the outlined square is the best cell at that k.",
+    "green high, on one scale for every heatmap of this report: from its lowest cell to its highest among those whose "
+    f"runs did not all collapse, at least {figures.MIN_SPAN:g} wide (a small gap does not span the colours); a cell "
+    "whose runs all collapsed takes the lowest colour, and where every cell collapsed the scale is the objective's "
+    "whole range. The second button puts every heatmap on that whole range, −1 to 1, the same for every report (a "
+    "collapse costs the penalty). The text: the mean ± sd over n seeds and the runs that collapsed; the outlined "
+    "square is the best cell at that k.",
     "interaction": "Each line is one τ_a: its points are the seed means at each τ_p with their 95 % t "
     "intervals (none with one seed). Parallel lines mean the two bands act independently; lines that cross mean the "
     f"best τ_p depends on τ_a (coupling). The y-axis spans at least {figures.MIN_SPAN:g}, so a gap smaller than the "
@@ -177,9 +177,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "contrasts": "Each row is one 2 × 2 sub-grid: how much τ_p's effect changes between two values of τ_a, with its "
     "95 % interval. An interval clear of 0 is evidence of coupling; red: τ_p's effect changes sign, significantly.",
     "region": "The share of each method's (τ_p, τ_a) cells whose seed-mean objective is within 90 % of its best cell "
-    "at that k (methods with one cell at that k left out). A loose bar where accuracies are high: at a best of 0.70 "
-    "it counts every cell above 0.63 — a full bar says no cell is far off, not that the bands do not matter; the "
-    "heatmaps' numbers tell finer.",
+    "at that k (methods with one cell at that k left out). A loose bar where the objective is high: at a best of "
+    "0.70 it counts every cell at 0.63 or above — a full bar says no cell is far off, not that the bands do not "
+    "matter; the heatmaps' numbers tell finer.",
     "parallel": "One line per scored run; drag along an axis to keep only the runs in that range (the same view as "
     "MLflow's parallel coordinates, with the objective as the first axis).",
     "curves": "One line per run, coloured by its cell: solid, held-out accuracy at each evaluation; dotted, the "
@@ -214,6 +214,11 @@ class _Tables:
     picks: dict[tuple[str, int], analysis.MethodRuns]  # per (method, k), the runs methods are compared by
 
 
+def _grids(region: pd.DataFrame) -> pd.DataFrame:
+    """The region's rows of a method with more than one cell at that k (one cell is always "within 90 %" of itself)."""
+    return region[region["n_cells"] > 1]
+
+
 def render(data: ReportData, plotly_src: str | None = None) -> str:
     """The report page: its sections top to bottom, each a function of the data and the analyses."""
     runs = data.runs
@@ -222,7 +227,7 @@ def render(data: ReportData, plotly_src: str | None = None) -> str:
         cells=cells,
         coupling=analysis.coupling(runs),
         inter=analysis.interaction_fraction(runs, data.n_boot),
-        region=analysis.high_performing_region(cells),
+        region=_grids(analysis.high_performing_region(cells)),
         methods=analysis.method_comparison(runs, cells),
         times=analysis.step_times(runs, data.baseline),
         late=analysis.late_stage(runs, data.curves),
@@ -265,19 +270,19 @@ def _header(data: ReportData, t: _Tables) -> list[str]:
     return parts
 
 
+_GRID_COLUMNS = [  # (frame column, header): a grid's summary columns, each left out where no row has one
+    ("region", "cells within 90 % of best"),
+    ("interaction", "interaction fraction [95 % CI]"),
+    ("null", "p, additive null (noise alone gives)"),
+    ("reversals", "τ_p sign reversals"),
+]
+
+
 def _summary_section(data: ReportData, t: _Tables) -> list[str]:
     esc = html.escape
     summary = _summary(data.runs, t)
-    grids = [  # the columns of a method swept over a grid, left out where no row has one
-        (col, head, fmt)
-        for col, head, fmt in [
-            ("region", "cells within 90 % of best", None),
-            ("interaction", "interaction fraction [95 % CI]", lambda r: esc(r["interaction"])),
-            ("null", "p, additive null (noise alone gives)", lambda r: esc(r["null"])),
-            ("reversals", "τ_p sign reversals", lambda r: esc(r["reversals"])),
-        ]
-        if (summary[col] != "—").any()
-    ]
+    shown = [col for col, _ in _GRID_COLUMNS if col in summary and (summary[col] != "—").any()]
+    coupling = "interaction" in shown
     return [
         "<h2>Summary</h2>",
         table(
@@ -290,32 +295,52 @@ def _summary_section(data: ReportData, t: _Tables) -> list[str]:
                 ("collapsed", "collapsed", None),
                 ("seeds", "seeds per cell (min)", None),
                 ("best", "best cell of the method at k: objective", lambda r: esc(r["best"])),
-                *grids,
+                *[
+                    (col, head, None if col == "region" else _escaped(col))
+                    for col, head in _GRID_COLUMNS
+                    if col in shown
+                ],
             ],
             "summary",
         ),
-        '<p class="note">Objective: the sweep\'s score (held-out accuracy, minus the collapse penalty for a collapsed '
-        "run). Best cell: the highest seed mean among the method's cells, biased up by that choice among them (a "
-        "selection-free pick — each seed scored at the cell chosen on the others, on final accuracy — is in the "
-        "Aggregates section). "
+        '<p class="note">' + _OBJECTIVE_NOTE + (_COUPLING_NOTE if coupling else "") + _intervals_note(data, coupling),
+    ]
+
+
+def _escaped(col: str) -> Callable[[Any], str]:
+    return lambda r: html.escape(r[col])
+
+
+_OBJECTIVE_NOTE = (
+    "Objective: the sweep's score (held-out accuracy, minus the collapse penalty for a collapsed run). Best cell: the "
+    "highest seed mean among the method's cells, biased up by that choice among them (a selection-free pick — each "
+    "seed scored at the cell chosen on the others, on final accuracy — is in the Aggregates section). "
+)
+_COUPLING_NOTE = (
+    "Interaction fraction: share of the between-cell variation of the seed-mean objective that an additive model in "
+    "τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone makes it positive: p is the share "
+    "of additive grids plus the grid's own seed noise that reach at least the observed fraction (their median in "
+    "parentheses; uncorrected for the grids tested, on the objective — the claims' section tests final accuracy with "
+    "Holm over the grids; — where a cell has under 2 seeds or the grid is flat); τ_p sign reversals count point "
+    "estimates, the significant ones those where τ_p's effect at each of the two τ_a has a Welch interval excluding "
+    "0, on opposite sides. "
+)
+
+
+def _intervals_note(data: ReportData, coupling: bool) -> str:
+    return (
+        "Intervals: a cell's mean, Student t over its seeds"
         + (
-            "Interaction fraction: share of the between-cell variation of the seed-mean objective "
-            "that an additive model in τ_p and τ_a cannot explain — 0 = no coupling in the means, but seed noise alone "
-            "makes it positive: p is the share of additive grids plus the grid's own seed noise that reach at least "
-            "the observed fraction (their median in parentheses; uncorrected for the grids tested, on the objective — "
-            "the claims' section tests final accuracy with Holm over the grids; — where a cell has under 2 seeds or "
-            "the grid is flat); τ_p sign reversals count point estimates, the significant ones those where τ_p's "
-            "effect at each of the two τ_a has a Welch interval excluding 0, on opposite sides. "
-            if grids
+            "; a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
+            f"({data.n_boot} replicates, a random stream per cell)"
+            if coupling
             else ""
         )
-        + "Intervals: a cell's mean, Student t over its "
-        "seeds; a contrast of cells, Welch t; the interaction fraction, a percentile bootstrap over seeds "
-        f"({data.n_boot} replicates, a random stream per cell); a collapse rate, exact (Clopper–Pearson). At 5 seeds "
-        "the t intervals cover 93–95 % of the time and a bootstrap's 83–85 % (python -m bench.coverage); where runs "
-        "collapse, no interval of the mean covers (read the collapse rate and the others apart). Cells with one seed "
-        "have none.</p>",
-    ]
+        + "; a collapse rate, exact (Clopper–Pearson). At 5 seeds the t intervals cover 93–95 % of the time"
+        + (" and a bootstrap's 83–85 %" if coupling else "")
+        + " (python -m bench.coverage); where runs collapse, no interval of the mean covers (read the collapse rate "
+        "and the others apart). Cells with one seed have none.</p>"
+    )
 
 
 def _best_section(data: ReportData, t: _Tables) -> list[str]:
@@ -358,10 +383,10 @@ def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
     """The interaction heatmaps, the coupling analysis and the high-performing region."""
     if t.cells.empty:
         return ['<p class="bad">No trial finished training: nothing to plot.</p>']
-    gridded = [
+    gridded = [  # more than one cell at some lag (the long study's fixed cells differ between lags: no grid)
         m
         for m, g in t.cells.groupby("method", sort=True)
-        if len(g[["tau_policy", "tau_advantage"]].drop_duplicates()) > 1
+        if (g.groupby("staleness")[["tau_policy", "tau_advantage"]].apply(lambda c: len(c.drop_duplicates())) > 1).any()
     ]
     if not gridded:  # one heading, not three empty sections
         return [
@@ -376,11 +401,10 @@ def _grid_sections(data: ReportData, t: _Tables) -> list[str]:
             figure_div(figures.interaction_lines(t.cells, method), f"interaction-{i}", HOW_TO_READ["interaction"])
         )
     parts += ["<h2>Coupling analysis</h2>", *_coupling(t.coupling)]
-    region = t.region[t.region["n_cells"] > 1]  # a method's one cell is always "within 90 %" of itself
     return parts + [
         "<h2>High-performing region</h2>",
-        figure_div(figures.region_bars(region), "region", HOW_TO_READ["region"])
-        if len(region)
+        figure_div(figures.region_bars(t.region), "region", HOW_TO_READ["region"])
+        if len(t.region)
         else '<p class="note">No method has more than one (τ_p, τ_a) cell at a lag: nothing to compare.</p>',
     ]
 

@@ -474,16 +474,21 @@ def test_parallel_coordinates_put_the_objective_first_on_the_pinned_scale():
     assert "Every run, objective first" in page and 'id="parallel"' in page
 
 
-def test_heatmap_colours_span_the_reports_cells_at_least_min_span_and_pin_where_all_collapsed():
-    def cells(*means):
-        return pd.DataFrame({"mean": list(means)})
+def test_heatmap_colours_span_the_reports_healthy_cells_at_least_min_span_and_pin_where_all_collapsed():
+    def cells(*means, collapsed=()):
+        return pd.DataFrame(
+            {"mean": list(means), "collapse_rate": [1.0 if i in collapsed else 0.4 for i in range(len(means))]}
+        )
 
     lo, hi = figures.colour_range(cells(0.64, 0.71, 0.66, float("nan")))  # 0.07 wide: widened to 0.2 about 0.675
     assert (lo, hi) == (pytest.approx(0.575), pytest.approx(0.775))
     assert figures.colour_range(cells(0.2, 0.9)) == (0.2, 0.9)  # wide enough: the cells' own range
     lo, hi = figures.colour_range(cells(0.95, 1.0))  # widened past the objective's top: moved down, 0.2 kept
     assert (lo, hi) == (pytest.approx(0.8), pytest.approx(1.0))
-    assert figures.colour_range(cells(-0.5, -0.45)) == (-1.0, 1.0)  # no cell above 0: −0.45 must not look good
+    # a wholly collapsed cell (−0.45) does not stretch the scale: it lies below and takes the lowest colour
+    assert figures.colour_range(cells(0.2, 0.9, -0.45, collapsed=(2,))) == (0.2, 0.9)
+    # every cell wholly collapsed, whatever the penalty left them at: the pinned range, 0.2 must not look good
+    assert figures.colour_range(cells(0.1, 0.2, collapsed=(0, 1))) == (-1.0, 1.0)
     assert figures.colour_range(cells(float("nan"))) == (-1.0, 1.0)
     fig = figures.heatmaps(analysis.cell_stats(frame(grid_records(bilinear))), "copc", (0.5, 0.9))
     assert {(t.zmin, t.zmax) for t in fig.data} == {(0.5, 0.9)}
@@ -512,6 +517,14 @@ def test_the_grid_sections_leave_out_methods_with_one_cell():
     assert "<th>best cell of the method at k: objective</th>" in summary
     assert 'id="region"' not in only_one and "<h2>Coupling analysis</h2>" not in only_one
     assert "None: no method was swept over more than one (τ_p, τ_a) cell." in only_one
+    assert "Interaction fraction:" not in only_one and "Welch t" not in only_one  # the note explains what is shown
+    # the long study: each reading at one cell per lag, a different one at each — no grid either
+    fixed = [trial(f"c{k}{s}", tp, ta, k, s, 0.6) for k, tp, ta in ((8, 4.0, 1.1), (32, 1.5, 1.0)) for s in range(3)]
+    long = render(ReportData(title="t", runs=frame(fixed), curves=curves_frame(fixed), n_boot=50))
+    assert "None: no method was swept over more than one (τ_p, τ_a) cell." in long and 'id="heatmap-0"' not in long
+    # a sweep with no finished trial yet (a plan recorded, say) still renders
+    empty = render(ReportData(title="t", runs=frame([]), curves=curves_frame([]), n_boot=50))
+    assert "No trial finished training" in empty
 
 
 def test_heatmap_ties_are_outlined_and_an_all_collapsed_level_says_so():
@@ -527,7 +540,11 @@ def test_heatmap_ties_are_outlined_and_an_all_collapsed_level_says_so():
     runs = frame(records)
     cells = analysis.cell_stats(runs)
     fig = figures.heatmaps(cells, "copc")
-    assert figures.colour_range(cells[cells["staleness"] == 4]) == (-1.0, 1.0)  # −0.496 alone is not "bright"
+    # the report's scale is k = 0's cells, 0.5 to 0.8: k = 4's −0.496 lies below it (the lowest colour), and on
+    # its own, all collapsed, the pinned range
+    assert figures.colour_range(cells) == pytest.approx((0.5, 0.8))
+    assert (cells.loc[cells["staleness"] == 4, "mean"] < 0.5).all()
+    assert figures.colour_range(cells[cells["staleness"] == 4]) == (-1.0, 1.0)
     outlined = [s for s in fig.layout.shapes if s.xref == "x"]
     assert len(outlined) == 4  # the four tied cells of k = 0, each outlined
     assert "k = 4 (all collapsed)" in [a.text for a in fig.layout.annotations]
@@ -735,6 +752,38 @@ def test_late_stage_averages_a_grids_cells_per_seed_before_its_interval():
     half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)  # the seed means' sd is 0.1
     assert (row.n_runs, row.n_seeds) == (6, 3)
     assert (row.late_auc, row.late_auc_low, row.late_auc_high) == pytest.approx((0.7, 0.7 - half, 0.7 + half))
+
+
+def test_late_stage_reads_a_seed_missing_from_a_cell_by_the_cells_it_has():
+    """Cell A (τ_p 1.5, level 0.4) on seeds 0–2, cell B (τ_p 4, level 0.8) on seeds 0–3 (a failed trial: A lacks
+    seed 3); seed effects (−0.1, 0, 0.1, 0.2); a run's held-out accuracy flat at level + effect, so its late-half
+    AUC is that, and its final − peak the records' −0.1. By hand: runs A 0.3, 0.4, 0.5 (mean 0.4), B 0.7, 0.8, 0.9,
+    1.0 (mean 0.85); deviations from their cell's mean A −0.1, 0, 0.1, B −0.15, −0.05, 0.05, 0.15; per seed −0.125,
+    −0.025, 0.075, 0.15; centred on the mean of the cells' means, 0.625. Pooled over runs, the mean would be 4.6 / 7
+    ≈ 0.657 (seed 3's lone run, in the higher cell, pulling it up) and its interval counted 7 runs."""
+    effect = {0: -0.1, 1: 0.0, 2: 0.1, 3: 0.2}
+    cells = {1.5: (0.4, (0, 1, 2)), 4.0: (0.8, (0, 1, 2, 3))}
+    records = [
+        trial(
+            f"r{tp}-{s}",
+            tp,
+            2.0,
+            8,
+            s,
+            v + effect[s],
+            steps=1000,
+            history={"eval/accuracy": curve([0, 500, 1000], [v + effect[s]] * 3)},
+        )
+        for tp, (v, seeds) in cells.items()
+        for s in seeds
+    ]
+    (row,) = analysis.late_stage(frame(records), curves_frame(records)).itertuples()
+    per_seed = np.array([-0.125, -0.025, 0.075, 0.15])
+    values = 0.625 + per_seed - per_seed.mean()
+    half = stats.t.ppf(0.975, 3) * values.std(ddof=1) / 2  # √4 seeds
+    assert (row.n_runs, row.n_seeds) == (7, 4)
+    assert (row.late_auc, row.late_auc_low, row.late_auc_high) == pytest.approx((0.625, 0.625 - half, 0.625 + half))
+    assert (row.final_minus_peak, row.final_minus_peak_low) == pytest.approx((-0.1, -0.1))
 
 
 def test_late_stage_intervals_stay_inside_what_an_accuracy_can_be():
