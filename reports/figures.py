@@ -183,8 +183,7 @@ def heatmaps(cells: pd.DataFrame, method: str, zrange: tuple[float, float] = OBJ
         fig.update_yaxes(title_text="τ_p", type="category", row=1, col=col)
     fig.update_layout(
         title={  # at the top, the colour buttons below it
-            "text": f"{html.escape(method)}: objective over (τ_p, τ_a) per staleness level (seed mean ± sd; "
-            "outlined: best at that k, ties all outlined)",
+            "text": f"{html.escape(method)}: seed-mean objective over (τ_p, τ_a); outlined: best at each k (ties all)",
             "y": 0.98,
             "yanchor": "top",
         },
