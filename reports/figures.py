@@ -598,10 +598,10 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def performance_profiles(picks: dict[tuple[str, int], MethodRuns]) -> go.Figure:
+def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tuple[str, ...] = ()) -> go.Figure:
     """Performance profiles (rliable's): the share of a method's runs whose final held-out accuracy is above τ, against
-    τ, one panel per lag k, one line per method in a colour of its own; a method swept over a grid is drawn from its
-    selection-free picks (`reports.analysis.method_finals`), named so."""
+    τ, one panel per lag k, one line per method in a colour of its own, the two-channel `readings` thicker; a method
+    swept over a grid is drawn from its selection-free picks (`reports.analysis.method_finals`), named so."""
     ks = sorted({k for _, k in picks})
     fig = _lag_panels(ks)
     taus = np.linspace(0.0, 1.0, 201)
@@ -616,7 +616,7 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns]) -> go.Figure:
                 x=taus.tolist(),
                 y=(x[None, :] > taus[:, None]).mean(axis=1).tolist(),
                 mode="lines",
-                line={"shape": "hv", "color": colors[(method,)], "width": 2},
+                line={"shape": "hv", "color": colors[(method,)], "width": 3.5 if method in readings else 1.5},
                 name=name,
                 legendgroup=html.escape(method),
                 showlegend=name not in shown,
@@ -630,4 +630,94 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns]) -> go.Figure:
         fig.update_xaxes(title_text="final held-out accuracy τ", range=span, row=1, col=col)
     fig.update_yaxes(title_text="share of runs above τ", range=[-0.02, 1.05], row=1, col=1)
     fig.update_layout(title="Performance profiles: the share of runs above each accuracy", height=440, margin={"t": 80})
+    return fig
+
+
+def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
+    """rliable's interval-estimate plot: each method's IQM of final held-out accuracy with its 95 % interval, one panel
+    per lag k, methods in the order of their mean IQM over the lags (best on top), the two-channel readings in orange
+    and the baselines in blue. `agg` is `reports.analysis.aggregates`' frame."""
+    ks = sorted(agg["staleness"].unique())
+    order = agg.groupby("method")["iqm"].mean().sort_values().index.tolist()  # plotly draws the first at the bottom
+    fig = _lag_panels(ks)
+    for col, k in enumerate(ks, start=1):
+        at = agg[agg["staleness"] == k].set_index("method").reindex([m for m in order if m in set(agg["method"])])
+        at = at[at["iqm"].notna()]
+        labels = [html.escape(method_label(m, int(n))) for m, n in zip(at.index, at["n_cells"])]
+        fig.add_trace(
+            go.Scatter(
+                x=at["iqm"].tolist(),
+                y=[html.escape(m) for m in at.index],
+                mode="markers",
+                marker={"size": 9, "color": ["#ff7f0e" if m in readings else "#1f77b4" for m in at.index]},
+                error_x={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": (at["high"] - at["iqm"]).fillna(0).tolist(),
+                    "arrayminus": (at["iqm"] - at["low"]).fillna(0).tolist(),
+                },
+                text=[
+                    f"{name}<br>IQM {r.iqm:.3f} [{r.low:.3f}, {r.high:.3f}], {r.n} runs"
+                    for name, r in zip(labels, at.itertuples())
+                ],
+                hovertemplate="%{text}<extra></extra>",
+                name=f"k = {k}",
+                showlegend=False,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(title_text="IQM of final held-out accuracy [95 % CI]", row=1, col=col)
+    fig.update_yaxes(categoryorder="array", categoryarray=[html.escape(m) for m in order], row=1, col=1)
+    fig.update_layout(
+        title="IQM per method (orange: two-channel readings, blue: baselines)",
+        height=max(320, 22 * len(order) + 160),
+        margin={"l": 200, "t": 80},
+    )
+    return fig
+
+
+def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
+    """P(a run of the reading ends above a run of the baseline) as a matrix per lag k, a reading a row, a baseline a
+    column: blue above ½, red below, white at ½ (a coin flip), each cell's text the estimate and its 95 % interval.
+    `improve` is `reports.analysis.improvement_table`'s frame."""
+    ks = sorted(improve["staleness"].unique())
+    fig = make_subplots(rows=len(ks), cols=1, subplot_titles=[f"k = {k}" for k in ks], vertical_spacing=0.12)
+    for row, k in enumerate(ks, start=1):
+        at = improve[improve["staleness"] == k]
+        p = at.pivot(index="method", columns="baseline", values="p")
+        low = at.pivot(index="method", columns="baseline", values="low").reindex_like(p)
+        high = at.pivot(index="method", columns="baseline", values="high").reindex_like(p)
+        text = [
+            [
+                "" if math.isnan(v) else f"{v:.2f}<br>[{lo:.2f}, {hi:.2f}]"
+                for v, lo, hi in zip(p.loc[m], low.loc[m], high.loc[m])
+            ]
+            for m in p.index
+        ]
+        fig.add_trace(
+            go.Heatmap(
+                z=p.to_numpy().tolist(),
+                x=[html.escape(b) for b in p.columns],
+                y=[html.escape(m) for m in p.index],
+                text=text,
+                texttemplate="%{text}",
+                textfont={"size": 10},
+                colorscale="RdBu",
+                zmin=0.0,
+                zmax=1.0,
+                zmid=0.5,
+                showscale=row == 1,
+                colorbar={"title": "P(above)", "len": 0.5, "y": 1.0, "yanchor": "top"},
+                hovertemplate="%{y} above %{x}: %{text}<extra></extra>",
+                name=f"k = {k}",
+            ),
+            row=row,
+            col=1,
+        )
+    fig.update_layout(
+        title="Probability of improvement: a run of the reading (row) ends above a run of the baseline (column)",
+        height=max(300, sum(70 + 48 * improve.loc[improve["staleness"] == k, "method"].nunique() for k in ks) + 100),
+        margin={"l": 170, "t": 90},
+    )
     return fig

@@ -161,8 +161,15 @@ HOW_TO_READ = {  # one sentence under each figure
     "its runs at the cell with the best mean over the other seeds): its cells, run by run, are in the figure below.",
     "profiles": "Each line is one method at one lag k (a method swept over a grid: its selection-free picks, on each "
     "seed its runs at the cell with the best mean over the other seeds): the share of its runs whose final held-out "
-    "accuracy is above the accuracy on the x-axis. A line above another everywhere: those runs end higher at every "
+    "accuracy is above the accuracy on the x-axis; the two-channel readings' lines are the thick ones. A line above "
+    "another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
+    "iqm": "Each point is one method's IQM (the mean of the middle half of its runs' final held-out accuracy) at one "
+    "lag k, with its 95 % interval; methods run from the best mean IQM over the lags at the top down, the "
+    "two-channel readings in orange. Points whose intervals overlap are not told apart by these runs.",
+    "improvement": "Each square is the chance that a run of the reading (row) ends above a run of the baseline "
+    "(column), ties counted half, with its 95 % interval: blue above ½, red below, white at ½ (a coin flip). An "
+    "interval that holds ½ does not tell the two apart.",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective, red low to "
     "green high, on one scale for every heatmap of this report: from its lowest cell to its highest among those whose "
     f"runs did not all collapse, at least {figures.MIN_SPAN:g} wide (a small gap does not span the colours); a cell "
@@ -535,13 +542,16 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     agg = analysis.aggregates(t.picks)
     if agg.empty:
         return []
+    bands = analysis.method_bands(data.runs)  # two-channel: both bands (at one cell or a grid); baseline: none
+    readings = [m for m, has in bands.items() if all(has)]
+    improve = analysis.improvement_table(t.picks, readings, [m for m, has in bands.items() if not any(has)])
 
     def interval(column: str) -> Callable[[Any], str]:
         return lambda r: f"{num(r[column])} [{num(r['low'])}, {num(r['high'])}]"
 
     return [
         "<h2>Aggregates: IQM, probability of improvement, performance profiles</h2>",
-        figure_div(figures.performance_profiles(t.picks), "profiles", HOW_TO_READ["profiles"]),
+        figure_div(figures.iqm_intervals(agg, readings), "iqm", HOW_TO_READ["iqm"]),
         table(
             agg,
             [
@@ -555,9 +565,10 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
                 ),
                 ("iqm", "IQM of final accuracy [95 % CI]", interval("iqm")),
             ],
-            "iqm",
+            "iqm-table",
         ),
-        *_improvement_matrix(data.runs, t.picks, interval("p")),
+        *_improvement_matrix(improve, interval("p")),
+        figure_div(figures.performance_profiles(t.picks, tuple(readings)), "profiles", HOW_TO_READ["profiles"]),
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
         "a run of the baseline (ties count half). A method swept over a grid enters by its selection-free picks: on "
@@ -571,19 +582,15 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     ]
 
 
-def _improvement_matrix(
-    runs: pd.DataFrame, picks: dict[tuple[str, int], analysis.MethodRuns], interval: Callable[[Any], str]
-) -> list[str]:
-    """P(a reading's run ends above a baseline's) [95 % CI]: a reading a row, a baseline a column, a table per k."""
-    bands = analysis.method_bands(runs)  # two-channel: both bands (at one cell or a grid); baseline: none
-    two = [m for m, has in bands.items() if all(has)]
-    improve = analysis.improvement_table(picks, two, [m for m, has in bands.items() if not any(has)])
+def _improvement_matrix(improve: pd.DataFrame, interval: Callable[[Any], str]) -> list[str]:
+    """P(a reading's run ends above a baseline's) [95 % CI]: a matrix figure, then a reading a row and a baseline a
+    column, a table per k."""
     if improve.empty:
         return [
             '<p class="note">No probability of improvement: these runs hold no two-channel method beside a baseline '
             "(a method without bands) at one k.</p>"
         ]
-    out = []
+    out = [figure_div(figures.improvement_heatmaps(improve), "improvement", HOW_TO_READ["improvement"])]
     for k, at in improve.groupby("staleness", sort=True):
         matrix = at.assign(text=at.apply(interval, axis=1)).pivot(index="method", columns="baseline", values="text")
         out.append(f"<h3>P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}</h3>")

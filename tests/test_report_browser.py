@@ -423,3 +423,21 @@ def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_la
     assert at8 == [["two-channel method", "tis"], ["copc", at8[1][1]]]
     assert at8[1][1].split(" [")[0] == f"{p([0.65] * 5, tis):.3f}"
     assert all("[" in cell for row in (at4[1][1:], at8[1][1:]) for cell in row)  # each with its interval
+    # the same as a matrix figure, a panel per k, every cell drawn
+    drawn = browser.execute_script(
+        "return document.getElementById('improvement')._fullData.map(t => [t.name, t.x, t.y, t.z])"
+    )
+    assert [(name, x, y) for name, x, y, _ in drawn] == [
+        ("k = 4", ["cispo", "tis"], ["copc"]),
+        ("k = 8", ["tis"], ["copc"]),
+    ]
+    assert drawn[0][3][0] == pytest.approx([p(copc, [0.5] * 5), p(copc, tis)]) and drawn[1][3][0] == pytest.approx(
+        [0.5]
+    )
+    assert browser.execute_script("return document.querySelectorAll('#improvement .hm image').length") == 2
+    # the IQM interval plot: scipy's 25 % trimmed mean drops one run from each end of five (COPC at k = 4: 0.7, 0.75,
+    # 0.8 kept, 0.75; TIS 0.6, 0.65, 0.7, 0.65; CISPO 0.5), methods ordered by mean IQM over the lags, best on top
+    iqm = browser.execute_script("return document.getElementById('iqm')._fullData.map(t => [Array.from(t.x), t.y])")
+    assert iqm[0][1] == ["cispo", "tis", "copc"] and iqm[0][0] == pytest.approx([0.5, 0.65, 0.75])
+    assert iqm[1][1] == ["tis", "copc"] and iqm[1][0] == pytest.approx([0.65, 0.65])
+    assert browser.execute_script("return document.querySelectorAll('#iqm .points path.point').length") == 5

@@ -820,6 +820,20 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     fig = figures.performance_profiles(analysis.method_finals(runs))
     tis = next(tr for tr in fig.data if tr.name == "tis")
     assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)
+    # the interval plot: COPC's IQM (0.7, 0.75, 0.8 in the middle: 0.75) on top, its bars reaching the interval's ends
+    (points,) = figures.iqm_intervals(agg.reset_index(), ["copc"]).data
+    assert list(points.y) == ["tis", "copc"] and list(points.x) == pytest.approx([0.65, 0.75])
+    assert list(points.marker.color) == ["#1f77b4", "#ff7f0e"]  # a baseline blue, the reading orange
+    ends = np.array(points.x) + np.array(points.error_x.array), np.array(points.x) - np.array(points.error_x.arrayminus)
+    assert ends[0] == pytest.approx(agg.loc[["tis", "copc"], "high"]) and ends[1] == pytest.approx(
+        agg.loc[["tis", "copc"], "low"]
+    )
+    (matrix,) = figures.improvement_heatmaps(improve.to_frame().T).data
+    assert np.array(matrix.z, float).ravel() == pytest.approx([improve.p]) and (matrix.x, matrix.y) == (
+        ("tis",),
+        ("copc",),
+    )
+    assert matrix.text[0][0] == f"{improve.p:.2f}<br>[{improve.low:.2f}, {improve.high:.2f}]"
 
 
 def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_cell():
