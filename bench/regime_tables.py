@@ -8,7 +8,9 @@ collapses, the realised lag in optimizer updates, and the per-token behavior-rat
 (share of ρ = π_old/μ inside [0.8, 1.25], mean 1 % / 99 % quantiles of log ρ); with two or more nonzero
 lags, each baseline's final accuracy between consecutive lags, paired by seed (AReaL's finding). Then, for collapsed
 runs, whether an ESS drop or a grad-norm spike came before the collapse (VCPO's early warnings), and
-the report's claims section (reports/claims.py) when the sweep holds a two-channel grid. With --long, the long
+the report's claims section (reports/claims.py) when the sweep holds a two-channel grid, and rliable's aggregates as
+the report gives them (IQM per method and k, each two-channel reading's probability of improvement over each
+baseline; a grid by its selection-free picks). With --long, the long
 study's read-outs and claim (c) by its plan's written criteria, per lag (`claim_c_table`; a slice is not read).
 """
 
@@ -22,7 +24,18 @@ import pandas as pd
 from copc_core.rl.methods import COPC_READING
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
-from reports.analysis import late_half_aucs, late_stage, paired_difference, selection_free_scores, survival
+from reports.analysis import (
+    aggregates,
+    improvement_table,
+    late_half_aucs,
+    late_stage,
+    method_bands,
+    method_finals,
+    method_label,
+    paired_difference,
+    selection_free_scores,
+    survival,
+)
 from reports.claims import claim_tables, roles
 from reports.frames import curves_frame, runs_frame
 
@@ -46,6 +59,37 @@ def validation_table(runs: pd.DataFrame) -> str:
             f"{_ms(g['auc_accuracy'])} | {int(g['collapsed'].sum())}/{len(g)} | {g['ratio_in_band_mean'].mean():.3f} | "
             f"{g['log_ratio_p01_mean'].mean():+.2f} / {g['log_ratio_p99_mean'].mean():+.2f} |"
         )
+    return "\n".join(lines)
+
+
+def aggregate_tables(runs: pd.DataFrame) -> str:
+    """The report's aggregates section in Markdown (reports/html.py `_aggregates_section`, the same functions): the IQM
+    of final accuracy per method and k, then per k a reading a row and a baseline a column, P(a run of the reading ends
+    above a run of the baseline), each [95 % CI]."""
+    picks = method_finals(runs)
+    agg = aggregates(picks)
+    if agg.empty:
+        return ""
+    lines = ["| method | k (versions) | runs | IQM of final accuracy [95 % CI] |", "|---|---|---|---|"]
+    lines += [
+        f"| {method_label(r.method, r.n_cells)} | {r.staleness} | {r.n} | {r.iqm:.3f} [{r.low:.3f}, {r.high:.3f}] |"
+        for r in agg.itertuples()
+    ]
+    bands = method_bands(runs)
+    improve = improvement_table(
+        picks, [m for m, has in bands.items() if all(has)], [m for m, has in bands.items() if not any(has)]
+    )
+    for k, at in improve.groupby("staleness", sort=True):
+        text = at.assign(text=[f"{r.p:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in at.itertuples()])
+        matrix = text.pivot(index="method", columns="baseline", values="text").fillna("—")
+        lines += [
+            "",
+            f"P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}:",
+            "",
+            "| reading | " + " | ".join(matrix.columns) + " |",
+            "|---" * (len(matrix.columns) + 1) + "|",
+            *(f"| {m} | " + " | ".join(row) + " |" for m, row in zip(matrix.index, matrix.to_numpy())),
+        ]
     return "\n".join(lines)
 
 
@@ -345,6 +389,10 @@ def main() -> None:
         print(claim_tables(runs))
         print("\n#### The channels: both, the policy side only, the advantage side only\n")
         print(channels_table(runs))
+    aggregated = aggregate_tables(runs)
+    if aggregated:
+        print("\n#### Aggregates (rliable's, as the report gives them)\n")
+        print(aggregated)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,19 @@ def test_claim_c_is_read_by_the_long_studys_written_criteria():
     # a method short of its five runs: not read
     short = _falls(8, confirming)
     assert "not read: a slice (15 of 16 methods)" in claim_c_table(short.iloc[1:], {8: methods})
+
+
+def test_aggregate_tables_print_the_reports_iqm_and_improvement_matrix():
+    """COPC's finals (0.7, 0.8, 0.75, 0.7, 0.9) and TIS's (0.6, 0.1, 0.9, 0.65, 0.7) at k = 4: scipy's 25 % trimmed
+    mean keeps the middle three of five (IQM 0.750 and 0.650); COPC ends above TIS in 18 of 25 pairs and ties in 3,
+    P = 19.5 / 25 = 0.78. A table with no method prints nothing."""
+    from bench.regime_tables import aggregate_tables
+    from tests.report_records import trial
+    from tests.test_reports import frame
+
+    records = [trial(f"c{s}", 2.0, 1.0, 4, s, v) for s, v in enumerate([0.7, 0.8, 0.75, 0.7, 0.9])]
+    records += [trial(f"t{s}", None, None, 4, s, v, method="tis") for s, v in enumerate([0.6, 0.1, 0.9, 0.65, 0.7])]
+    lines = aggregate_tables(frame(records)).splitlines()
+    assert lines[2].startswith("| copc | 4 | 5 | 0.750 [") and lines[3].startswith("| tis | 4 | 5 | 0.650 [")
+    assert lines[-3:-1] == ["| reading | tis |", "|---|---|"] and lines[-1].startswith("| copc | 0.78 [")
+    assert aggregate_tables(frame(records)[lambda f: f["method"] == "none"]) == ""
