@@ -241,6 +241,8 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
         title=f"{html.escape(method)}: interaction plot (lines cross ⇔ τ_p's effect depends on τ_a)",
         height=380,
         margin={"t": 80},
+        scattermode="group",  # each τ_a's point beside the others' at a τ_p, so no bar hides another
+        scattergap=0.75,
     )
     return fig
 

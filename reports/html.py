@@ -178,7 +178,8 @@ HOW_TO_READ = {  # one sentence under each figure
     "collapse costs the penalty). The text: the mean ± sd over n seeds and the runs that collapsed; the outlined "
     "square is the best cell at that k.",
     "interaction": "Each line is one τ_a: its points are the seed means at each τ_p with their 95 % t "
-    "intervals (none with one seed). Parallel lines mean the two bands act independently; lines that cross mean the "
+    "intervals (none with one seed), the lines' points set side by side at each τ_p so no bar hides another. "
+    "Parallel lines mean the two bands act independently; lines that cross mean the "
     f"best τ_p depends on τ_a (coupling). The y-axis spans at least {figures.MIN_SPAN:g}, so a gap smaller than the "
     "seed noise does not fill the plot.",
     "contrasts": "Each row is one 2 × 2 sub-grid: how much τ_p's effect changes between two values of τ_a, with its "

@@ -58,6 +58,13 @@ def test_report_renders_every_figure_without_errors_offline(browser, tmp_path):
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", whole)
     whole.click()
     WebDriverWait(browser, 10).until(lambda d: d.execute_script(scale) == [[-1, 1], [-1, 1]])
+    # the interaction plot's three τ_a lines stand side by side at each τ_p (dodged), so their bars do not hide each
+    # other: the first panel's first three points (τ_p 1.5 of τ_a 1, 2, 4) at three pixel positions, left to right
+    xs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#interaction-0 .subplot.xy .trace.scatter'), t =>"
+        " parseFloat(t.querySelector('path.point').getAttribute('transform').slice(10)))"
+    )
+    assert len(xs) == 3 and xs[0] < xs[1] < xs[2], xs
     # the performance profiles are drawn: one line per method and lag (the sample's 3 × 3 grid at k = 0 and 4, by its
     # selection-free picks), a staircase down from every run above τ = 0
     profiles = browser.execute_script(
