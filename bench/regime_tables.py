@@ -26,18 +26,20 @@ from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import (
     aggregates,
+    improvement_matrices,
     improvement_table,
     late_half_aucs,
     late_stage,
-    method_bands,
     method_finals,
     method_label,
     paired_difference,
+    readings_and_baselines,
     selection_free_scores,
     survival,
 )
 from reports.claims import claim_tables, roles
 from reports.frames import curves_frame, runs_frame
+from reports.html import interval_text
 
 
 def _ms(values: pd.Series) -> str:
@@ -63,32 +65,31 @@ def validation_table(runs: pd.DataFrame) -> str:
 
 
 def aggregate_tables(runs: pd.DataFrame) -> str:
-    """The report's aggregates section in Markdown (reports/html.py `_aggregates_section`, the same functions): the IQM
-    of final accuracy per method and k, then per k a reading a row and a baseline a column, P(a run of the reading ends
-    above a run of the baseline), each [95 % CI]."""
+    """The report's aggregates section in Markdown (reports/html.py `_aggregates_section`, the same functions and
+    digits): the IQM of final accuracy per method and k, then per k a reading a row and a baseline a column, P(a run of
+    the reading ends above a run of the baseline), each [95 % CI]."""
     picks = method_finals(runs)
     agg = aggregates(picks)
     if agg.empty:
         return ""
     lines = ["| method | k (versions) | runs | IQM of final accuracy [95 % CI] |", "|---|---|---|---|"]
     lines += [
-        f"| {method_label(r.method, r.n_cells)} | {r.staleness} | {r.n} | {r.iqm:.3f} [{r.low:.3f}, {r.high:.3f}] |"
+        f"| {method_label(r.method, r.n_cells)} | {r.staleness} | {r.n} | {interval_text(r.iqm, r.low, r.high)} |"
         for r in agg.itertuples()
     ]
-    bands = method_bands(runs)
-    improve = improvement_table(
-        picks, [m for m, has in bands.items() if all(has)], [m for m, has in bands.items() if not any(has)]
-    )
-    for k, at in improve.groupby("staleness", sort=True):
-        text = at.assign(text=[f"{r.p:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in at.itertuples()])
-        matrix = text.pivot(index="method", columns="baseline", values="text").fillna("—")
+    for k, (p, low, high) in improvement_matrices(improvement_table(picks, *readings_and_baselines(runs))).items():
         lines += [
             "",
             f"P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}:",
             "",
-            "| reading | " + " | ".join(matrix.columns) + " |",
-            "|---" * (len(matrix.columns) + 1) + "|",
-            *(f"| {m} | " + " | ".join(row) + " |" for m, row in zip(matrix.index, matrix.to_numpy())),
+            "| reading | " + " | ".join(p.columns) + " |",
+            "|---" * (len(p.columns) + 1) + "|",
+            *(
+                f"| {m} | "
+                + " | ".join(interval_text(p.at[m, b], low.at[m, b], high.at[m, b]) for b in p.columns)
+                + " |"
+                for m in p.index
+            ),
         ]
     return "\n".join(lines)
 

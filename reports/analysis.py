@@ -195,6 +195,22 @@ def improvement_table(
     return pd.DataFrame(rows, columns=["method", "baseline", "staleness", "p", "low", "high"])
 
 
+def improvement_matrices(improve: pd.DataFrame) -> dict[int, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]:
+    """Per k, `improvement_table`'s rows as three matrices — P, its interval's low and high ends — a reading a row and a
+    baseline a column (the report's figure and tables, and the bench's, read them so)."""
+    return {
+        int(k): tuple(at.pivot(index="method", columns="baseline", values=v) for v in ("p", "low", "high"))
+        for k, at in improve.groupby("staleness", sort=True)
+    }
+
+
+def readings_and_baselines(runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The methods the probability of improvement compares: two-channel readings (both bands, at one cell or a grid)
+    and baselines (no band); a one-band method is neither."""
+    bands = method_bands(runs)
+    return [m for m, has in bands.items() if all(has)], [m for m, has in bands.items() if not any(has)]
+
+
 def collapse_interval(collapsed: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """The exact (Clopper–Pearson) interval of a collapse rate, `collapsed` of `n` runs (scipy's binomtest)."""
     if n == 0:

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
-from reports.analysis import MethodRuns, method_label
+from reports.analysis import MethodRuns, improvement_matrices, method_label
 
 DIAGNOSTICS = [
     ("correction/ess", "ESS (token)"),
@@ -637,15 +637,19 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
 
 def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
     """rliable's interval-estimate plot: each method's IQM of final held-out accuracy with its 95 % interval, one panel
-    per lag k, methods in the order of their mean IQM over the lags (best on top), the two-channel readings in orange
-    and the baselines in blue. `agg` is `reports.analysis.aggregates`' frame."""
+    per lag k, methods in the order of their IQM averaged over the lags each ran at (best on top), the two-channel
+    readings in orange and the other methods in blue. `agg` is `reports.analysis.aggregates`' frame."""
     ks = sorted(agg["staleness"].unique())
     order = agg.groupby("method")["iqm"].mean().sort_values().index.tolist()  # plotly draws the first at the bottom
     fig = _lag_panels(ks)
     for col, k in enumerate(ks, start=1):
-        at = agg[agg["staleness"] == k].set_index("method").reindex([m for m in order if m in set(agg["method"])])
-        at = at[at["iqm"].notna()]
-        labels = [html.escape(method_label(m, int(n))) for m, n in zip(at.index, at["n_cells"])]
+        at = agg[(agg["staleness"] == k) & agg["iqm"].notna()].set_index("method").reindex(order).dropna(subset="iqm")
+        hover = [
+            f"{html.escape(method_label(m, int(r.n_cells)))}<br>IQM {r.iqm:.3f} "
+            + ("(no interval)" if pd.isna(r.low) or pd.isna(r.high) else f"[{r.low:.3f}, {r.high:.3f}]")
+            + f", {int(r.n)} run{'s' if int(r.n) != 1 else ''}"
+            for m, r in zip(at.index, at.itertuples())
+        ]
         fig.add_trace(
             go.Scatter(
                 x=at["iqm"].tolist(),
@@ -658,10 +662,7 @@ def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
                     "array": (at["high"] - at["iqm"]).fillna(0).tolist(),
                     "arrayminus": (at["iqm"] - at["low"]).fillna(0).tolist(),
                 },
-                text=[
-                    f"{name}<br>IQM {r.iqm:.3f} [{r.low:.3f}, {r.high:.3f}], {r.n} runs"
-                    for name, r in zip(labels, at.itertuples())
-                ],
+                text=hover,
                 hovertemplate="%{text}<extra></extra>",
                 name=f"k = {k}",
                 showlegend=False,
@@ -672,7 +673,7 @@ def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
         fig.update_xaxes(title_text="IQM of final held-out accuracy [95 % CI]", row=1, col=col)
     fig.update_yaxes(categoryorder="array", categoryarray=[html.escape(m) for m in order], row=1, col=1)
     fig.update_layout(
-        title="IQM per method (orange: two-channel readings, blue: baselines)",
+        title="IQM per method (orange: two-channel readings; blue: the other methods)",
         height=max(320, 22 * len(order) + 160),
         margin={"l": 200, "t": 80},
     )
@@ -680,20 +681,18 @@ def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
 
 
 def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
-    """P(a run of the reading ends above a run of the baseline) as a matrix per lag k, a reading a row, a baseline a
-    column: blue above ½, red below, white at ½ (a coin flip), each cell's text the estimate and its 95 % interval.
-    `improve` is `reports.analysis.improvement_table`'s frame."""
-    ks = sorted(improve["staleness"].unique())
-    fig = make_subplots(rows=len(ks), cols=1, subplot_titles=[f"k = {k}" for k in ks], vertical_spacing=0.12)
-    for row, k in enumerate(ks, start=1):
-        at = improve[improve["staleness"] == k]
-        p = at.pivot(index="method", columns="baseline", values="p")
-        low = at.pivot(index="method", columns="baseline", values="low").reindex_like(p)
-        high = at.pivot(index="method", columns="baseline", values="high").reindex_like(p)
+    """P(a run of the reading ends above a run of the baseline) as a matrix per lag k, a reading a row (top down, as the
+    tables list them) and a baseline a column: blue above ½, red below, white at ½ (a coin flip), each cell's text the
+    estimate and its 95 % interval. `improve` is `reports.analysis.improvement_table`'s frame."""
+    matrices = improvement_matrices(improve)
+    fig = make_subplots(
+        rows=len(matrices), cols=1, subplot_titles=[f"k = {k}" for k in matrices], vertical_spacing=0.12
+    )
+    for row, (k, (p, low, high)) in enumerate(matrices.items(), start=1):
         text = [
             [
-                "" if math.isnan(v) else f"{v:.2f}<br>[{lo:.2f}, {hi:.2f}]"
-                for v, lo, hi in zip(p.loc[m], low.loc[m], high.loc[m])
+                "" if pd.isna(p.at[m, b]) else f"{p.at[m, b]:.2f}<br>[{low.at[m, b]:.2f}, {high.at[m, b]:.2f}]"
+                for b in p.columns
             ]
             for m in p.index
         ]
@@ -717,9 +716,10 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
             row=row,
             col=1,
         )
+        fig.update_yaxes(autorange="reversed", row=row, col=1)
     fig.update_layout(
         title="Probability of improvement: a run of the reading (row) ends above a run of the baseline (column)",
-        height=max(300, sum(70 + 48 * improve.loc[improve["staleness"] == k, "method"].nunique() for k in ks) + 100),
+        height=max(300, sum(70 + 48 * len(p.index) for p, _, _ in matrices.values()) + 100),
         margin={"l": 170, "t": 90},
     )
     return fig

@@ -165,8 +165,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "iqm": "Each point is one method's IQM (the mean of the middle half of its runs' final held-out accuracy) at one "
-    "lag k, with its 95 % interval; methods run from the best mean IQM over the lags at the top down, the "
-    "two-channel readings in orange. Points whose intervals overlap are not told apart by these runs.",
+    "lag k, with its 95 % interval (none drawn, and the hover says so, where a method has one run); methods run "
+    "from the best IQM averaged over the lags each ran at, at the top, down; the two-channel readings in orange. "
+    "To compare two methods directly, read the probability of improvement below.",
     "improvement": "Each square is the chance that a run of the reading (row) ends above a run of the baseline "
     "(column), ties counted half, with its 95 % interval: blue above ½, red below, white at ½ (a coin flip). An "
     "interval that holds ½ does not tell the two apart.",
@@ -543,12 +544,8 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     agg = analysis.aggregates(t.picks)
     if agg.empty:
         return []
-    bands = analysis.method_bands(data.runs)  # two-channel: both bands (at one cell or a grid); baseline: none
-    readings = [m for m, has in bands.items() if all(has)]
-    improve = analysis.improvement_table(t.picks, readings, [m for m, has in bands.items() if not any(has)])
-
-    def interval(column: str) -> Callable[[Any], str]:
-        return lambda r: f"{num(r[column])} [{num(r['low'])}, {num(r['high'])}]"
+    readings, baselines = analysis.readings_and_baselines(data.runs)
+    improve = analysis.improvement_table(t.picks, readings, baselines)
 
     return [
         "<h2>Aggregates: IQM, probability of improvement, performance profiles</h2>",
@@ -564,11 +561,11 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
                     "runs from",
                     lambda r: "its cell" if r["n_cells"] == 1 else f"a grid of {r['n_cells']} cells",
                 ),
-                ("iqm", "IQM of final accuracy [95 % CI]", interval("iqm")),
+                ("iqm", "IQM of final accuracy [95 % CI]", lambda r: interval_text(r["iqm"], r["low"], r["high"])),
             ],
             "iqm-table",
         ),
-        *_improvement_matrix(improve, interval("p")),
+        *_improvement_matrix(improve),
         figure_div(figures.performance_profiles(t.picks, tuple(readings)), "profiles", HOW_TO_READ["profiles"]),
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
@@ -583,7 +580,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
     ]
 
 
-def _improvement_matrix(improve: pd.DataFrame, interval: Callable[[Any], str]) -> list[str]:
+def _improvement_matrix(improve: pd.DataFrame) -> list[str]:
     """P(a reading's run ends above a baseline's) [95 % CI]: a matrix figure, then a reading a row and a baseline a
     column, a table per k."""
     if improve.empty:
@@ -592,18 +589,29 @@ def _improvement_matrix(improve: pd.DataFrame, interval: Callable[[Any], str]) -
             "(a method without bands) at one k.</p>"
         ]
     out = [figure_div(figures.improvement_heatmaps(improve), "improvement", HOW_TO_READ["improvement"])]
-    for k, at in improve.groupby("staleness", sort=True):
-        matrix = at.assign(text=at.apply(interval, axis=1)).pivot(index="method", columns="baseline", values="text")
+    for k, (p, low, high) in analysis.improvement_matrices(improve).items():
+        cells = pd.DataFrame(
+            [[interval_text(p.at[m, b], low.at[m, b], high.at[m, b]) for b in p.columns] for m in p.index],
+            index=p.index,
+            columns=p.columns,
+        )
         out.append(f"<h3>P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}</h3>")
         out.append(
             table(
-                matrix.reset_index(),
+                cells.rename_axis("method").reset_index(),
                 [("method", "two-channel method", lambda r: html.escape(r["method"]))]
-                + [(b, b, lambda r, b=b: r[b] if isinstance(r[b], str) else "—") for b in matrix.columns],
+                + [(b, b, lambda r, b=b: r[b]) for b in cells.columns],
                 f"improvement-{k}",
             )
         )
     return out
+
+
+def interval_text(value: float, low: float, high: float) -> str:
+    """`0.780 [0.600, 0.920]`; `—` where there is no value, the value alone where it has no interval."""
+    if pd.isna(value):
+        return "—"
+    return num(value) if pd.isna(low) or pd.isna(high) else f"{num(value)} [{num(low)}, {num(high)}]"
 
 
 def _step_time_section(data: ReportData, t: _Tables) -> list[str]:

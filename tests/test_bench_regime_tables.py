@@ -170,5 +170,5 @@ def test_aggregate_tables_print_the_reports_iqm_and_improvement_matrix():
     records += [trial(f"t{s}", None, None, 4, s, v, method="tis") for s, v in enumerate([0.6, 0.1, 0.9, 0.65, 0.7])]
     lines = aggregate_tables(frame(records)).splitlines()
     assert lines[2].startswith("| copc | 4 | 5 | 0.750 [") and lines[3].startswith("| tis | 4 | 5 | 0.650 [")
-    assert lines[-3:-1] == ["| reading | tis |", "|---|---|"] and lines[-1].startswith("| copc | 0.78 [")
+    assert lines[-3:-1] == ["| reading | tis |", "|---|---|"] and lines[-1].startswith("| copc | 0.780 [")
     assert aggregate_tables(frame(records)[lambda f: f["method"] == "none"]) == ""

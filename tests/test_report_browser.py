@@ -442,6 +442,10 @@ def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_la
         [0.5]
     )
     assert browser.execute_script("return document.querySelectorAll('#improvement .hm image').length") == 2
+    text = browser.execute_script("return document.getElementById('improvement')._fullData[0].text")
+    assert [cell.split("<br>")[0] for cell in text[0]] == [f"{p(copc, [0.5] * 5):.2f}", f"{p(copc, tis):.2f}"]
+    low, high = browser.execute_script("return document.getElementById('improvement')._fullLayout.yaxis.range")
+    assert low > high  # the axis runs downward: the readings top down, as the tables list them
     # the IQM interval plot: scipy's 25 % trimmed mean drops one run from each end of five (COPC at k = 4: 0.7, 0.75,
     # 0.8 kept, 0.75; TIS 0.6, 0.65, 0.7, 0.65; CISPO 0.5), methods ordered by mean IQM over the lags, best on top
     iqm = browser.execute_script("return document.getElementById('iqm')._fullData.map(t => [Array.from(t.x), t.y])")

@@ -828,6 +828,9 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     assert ends[0] == pytest.approx(agg.loc[["tis", "copc"], "high"]) and ends[1] == pytest.approx(
         agg.loc[["tis", "copc"], "low"]
     )
+    one = analysis.aggregates({("vtrace", 4): analysis.MethodRuns(np.array([0.4]), 1, ["v0"])})  # one run: no interval
+    (alone,) = figures.iqm_intervals(one, []).data
+    assert alone.text == ("vtrace<br>IQM 0.400 (no interval), 1 run",) and list(alone.error_x.array) == [0]
     (matrix,) = figures.improvement_heatmaps(improve.to_frame().T).data
     assert np.array(matrix.z, float).ravel() == pytest.approx([improve.p]) and (matrix.x, matrix.y) == (
         ("tis",),
