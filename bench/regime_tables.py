@@ -1,7 +1,7 @@
 """The regime's validation and claims tables, from the sweep's runs in MLflow (as the report reads them).
 
     python -m bench.regime_tables [--sweep regime-tool-math] [--tracking-uri URI] [--seeds 0-4]
-                                  [--tau-advantage 1.25,inf] [--long]
+                                  [--tau-advantage 1.25,inf] [--long] [--staleness 8] [--at-step 300]
 
 Per (method, k): runs, final held-out accuracy and area under the curve (mean ± sd over seeds),
 collapses, the realised lag in optimizer updates, and the per-token behavior-ratio distribution
@@ -12,6 +12,8 @@ the report's claims section (reports/claims.py) when the sweep holds a two-chann
 the report gives them (IQM per method and k, each two-channel reading's probability of improvement over each
 baseline; a grid by its selection-free picks). With --long, the long
 study's read-outs and claim (c) by its plan's written criteria, per lag (`claim_c_table`; a slice is not read).
+With --at-step S, every run is read as if it had ended at learner step S (`at_step`: a long run's first S steps as a
+fresh-seed S-step run); --confirm then prints the reference minus each method with its paired t p.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import argparse
 import math
 
 import pandas as pd
+from scipy import stats
 
 from copc_core.rl.methods import COPC_READING
+from copc_core.train.stability import area_under_curve
 from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import (
@@ -181,8 +185,9 @@ def confirmation_table(runs: pd.DataFrame, reference: str) -> str:
     """Fresh seeds: every method's final accuracy and AUC, and `reference` minus each, paired by seed."""
     scored = runs[runs["scored"]]
     lines = [
-        f"| method (cell) | runs | final | AUC | collapsed | {reference} − it, final [95 % CI] | … AUC [95 % CI] |",
-        "|---|---|---|---|---|---|---|",
+        f"| method (cell) | runs | final | AUC | collapsed | {reference} − it, final [95 % CI] (seeds) | p, paired t | "
+        "… AUC [95 % CI] (seeds) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     by_seed = {
         (m, metric): g.groupby("seed")[metric].mean()
@@ -195,18 +200,47 @@ def confirmation_table(runs: pd.DataFrame, reference: str) -> str:
             for n, v in (("τ_p", g["tau_policy"].iloc[0]), ("τ_a", g["tau_advantage"].iloc[0]))
             if math.isfinite(v)
         )
-        diffs = []
+        diffs, p = [], "—"
         for metric in ("final_accuracy", "auc_accuracy"):
             if m == reference or (reference, metric) not in by_seed:
                 diffs.append("—")
                 continue
             n, mean, low, high = paired_difference(by_seed[reference, metric], by_seed[m, metric])
             diffs.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] ({n})")
+            if metric == "final_accuracy":
+                p = f"{paired_p(by_seed[reference, metric], by_seed[m, metric]):.3g}"
         lines.append(
             f"| {m}{f' ({cell})' if cell else ''} | {len(g)} | {_ms(g['final_accuracy'])} | {_ms(g['auc_accuracy'])} | "
-            f"{int(g['collapsed'].sum())}/{len(g)} | {diffs[0]} | {diffs[1]} |"
+            f"{int(g['collapsed'].sum())}/{len(g)} | {diffs[0]} | {p} | {diffs[1]} |"
         )
     return "\n".join(lines)
+
+
+def paired_p(a: pd.Series, b: pd.Series) -> float:
+    """The two-sided p of the paired t test of a − b over the seeds both have (scipy's `ttest_rel`; NaN under two
+    seeds, 1 where every difference is 0)."""
+    common = a.index.intersection(b.index)
+    d = (a.loc[common] - b.loc[common]).to_numpy(float)
+    if len(d) < 2:
+        return math.nan
+    if not d.any():
+        return 1.0
+    return float(stats.ttest_rel(a.loc[common].to_numpy(float), b.loc[common].to_numpy(float)).pvalue)
+
+
+def at_step(runs: pd.DataFrame, curves: pd.DataFrame, step: int) -> pd.DataFrame:
+    """The runs read as if they had ended at learner step `step`: the held-out accuracy evaluated there as the final,
+    the AUC over the evaluations up to it (the runs' own rule, `area_under_curve`), a collapse only at or before it. A
+    run with no evaluation at that step is not scored. No schedule depends on `train.steps`, so a longer run's first
+    `step` steps are a `step`-step run's."""
+    acc = curves[(curves["metric"] == "eval/accuracy") & (curves["step"] <= step)].sort_values(["run_id", "step"])
+    final = acc[acc["step"] == step].set_index("run_id")["value"]
+    auc = {r: area_under_curve(g["step"].tolist(), g["value"].tolist()) for r, g in acc.groupby("run_id")}
+    out = runs.assign(final_accuracy=runs["run_id"].map(final), auc_accuracy=runs["run_id"].map(auc))
+    return out.assign(
+        collapsed=out["collapsed"] & (out["collapse_step"] <= step),
+        scored=out["scored"] & out["final_accuracy"].notna(),
+    )
 
 
 def _survival_at(surv: pd.DataFrame, step: int) -> float:
@@ -358,10 +392,20 @@ def main() -> None:
     parser.add_argument(
         "--reference", default=f"copc[{COPC_READING}]", help="the method the confirmation compares with each other one"
     )
+    parser.add_argument("--staleness", type=_seeds, default=None, help="the runs at these lags k only, e.g. 8")
+    parser.add_argument(
+        "--at-step", type=int, default=None, help="read every run as if it had ended at this learner step (`at_step`)"
+    )
     args = parser.parse_args()
     uri = tracking_uri(data_dir(), args.tracking_uri)
-    found = read_sweeps(uri, [args.sweep], ["eval/accuracy"] if args.long else [])
+    curves_needed = args.long or args.at_step is not None
+    found = read_sweeps(uri, [args.sweep], ["eval/accuracy"] if curves_needed else [])
     runs = runs_frame(found["trials"], found["experiment_id"], "http://127.0.0.1:5000")
+    if args.staleness is not None:
+        runs = runs[runs["staleness"].isin(args.staleness)]
+    if args.at_step is not None:
+        runs = at_step(runs, curves_frame(found["trials"]), args.at_step)
+        print(f"(every run read as if it had ended at learner step {args.at_step})\n")
     if args.confirm is not None:
         runs = runs[runs["seed"].isin(args.confirm)]
         print(f"### {args.sweep}, seeds {args.confirm}: {int(runs['scored'].sum())} finished runs (MLflow {uri})\n")

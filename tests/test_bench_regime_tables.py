@@ -172,3 +172,31 @@ def test_aggregate_tables_print_the_reports_iqm_and_improvement_matrix():
     assert lines[2].startswith("| copc | 4 | 5 | 0.750 [") and lines[3].startswith("| tis | 4 | 5 | 0.650 [")
     assert lines[-3:-1] == ["| reading | tis |", "|---|---|"] and lines[-1].startswith("| copc | 0.780 [")
     assert aggregate_tables(frame(records)[lambda f: f["method"] == "none"]) == ""
+
+
+def test_at_step_reads_a_long_run_as_if_it_had_ended_there_and_paired_p_is_the_paired_t_tests():
+    """Run a collapsed at step 200 and evaluated 0.2, 0.6, 0.0, 0.0 at steps 0, 100, 200, 300 (and 0.0 at 400): at step
+    300 its final is 0.0, its AUC the trapezoid mean (40 + 30 + 0) / 300 and it has collapsed. Run b collapsed at 400
+    and was evaluated 0.2 at 0 and 0.8 at 300: final 0.8, AUC 0.5, not collapsed by 300. Run c has no evaluation at
+    300: not scored. Paired t of (0.1, 0.2, 0.3) against (0, 0, 0.1): differences 0.1, 0.2, 0.2, t = 5 on 2 degrees
+    of freedom, whose CDF is ½ + t / (2 √(2 + t²)), so p = 1 − 5 / √27."""
+    from bench.regime_tables import at_step, paired_p
+
+    runs = pd.DataFrame(
+        {"run_id": ["a", "b", "c"], "collapsed": [True, True, False], "collapse_step": [200.0, 400.0, math.nan]}
+    ).assign(scored=True, final_accuracy=0.5, auc_accuracy=0.5)
+    evals = {"a": [(0, 0.2), (100, 0.6), (200, 0.0), (300, 0.0), (400, 0.0)], "b": [(0, 0.2), (300, 0.8), (500, 0.0)]}
+    evals["c"] = [(0, 0.2), (250, 0.7)]
+    curves = pd.DataFrame(
+        [
+            {"run_id": r, "metric": "eval/accuracy", "step": s, "value": v}
+            for r, points in evals.items()
+            for s, v in points
+        ]
+    )
+    got = at_step(runs, curves, 300).set_index("run_id")
+    assert got.loc["a", "final_accuracy"] == 0.0 and got.loc["a", "auc_accuracy"] == pytest.approx(70 / 300)
+    assert got.loc["b", "final_accuracy"] == 0.8 and got.loc["b", "auc_accuracy"] == pytest.approx(0.5)
+    assert list(got["collapsed"]) == [True, False, False] and list(got["scored"]) == [True, True, False]
+    a, b = pd.Series([0.1, 0.2, 0.3]), pd.Series([0.0, 0.0, 0.1])
+    assert paired_p(a, b) == pytest.approx(1 - 5 / 27**0.5) and paired_p(a, a) == 1.0 and math.isnan(paired_p(a[:1], b))
