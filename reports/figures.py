@@ -29,6 +29,8 @@ DIAGNOSTICS = [
     ("staleness/mean", "realised staleness"),
 ]
 _PALETTE = qualitative.Plotly + qualitative.D3 + qualitative.Dark24 + qualitative.Light24  # 68: a regime grid's cells
+_READING_COLOURS = ["#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22"]  # warm, as the IQM plot's orange readings
+_OTHER_COLOURS = qualitative.Pastel + qualitative.Set3  # 23 pale colours for the baselines beside them
 
 
 def _lag_panels(ks: list) -> go.Figure:
@@ -226,6 +228,13 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
                     x=[tau(v) for v in line["tau_policy"]],
                     y=line["mean"].tolist(),
                     error_y=err,
+                    text=[
+                        f"τ_a {tau(ta)}, τ_p {tau(r.tau_policy)}: {r.mean:.3f} "
+                        + ("" if pd.isna(r.ci_low) else f"[{r.ci_low:.3f}, {r.ci_high:.3f}] ")
+                        + f"over {int(r.n)} seed{'s' if int(r.n) != 1 else ''}"
+                        for r in line.itertuples()
+                    ],
+                    hovertemplate="%{text}<extra></extra>",
                     mode="lines+markers",
                     name=f"τ_a = {tau(ta)}",
                     legendgroup=str(ta),
@@ -238,7 +247,7 @@ def interaction_lines(cells: pd.DataFrame, method: str) -> go.Figure:
         fig.update_xaxes(title_text="τ_p", type="category", row=1, col=col)
     fig.update_yaxes(title_text="objective", range=span_at_least(mine, MIN_SPAN), row=1, col=1)
     fig.update_layout(
-        title=f"{html.escape(method)}: interaction plot (lines cross ⇔ τ_p's effect depends on τ_a)",
+        title=f"{html.escape(method)}: interaction plot (lines not parallel ⇔ τ_p's effect depends on τ_a)",
         height=380,
         margin={"t": 80},
         scattermode="group",  # each τ_a's point beside the others' at a τ_p, so no bar hides another
@@ -609,20 +618,25 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
     taus = np.linspace(0.0, 1.0, 201)
     every = np.concatenate([m.finals for m in picks.values()]) if picks else np.array([0.0, 1.0])
     span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where the runs end, not empty space
-    colors = _colors([(m,) for m, _ in picks])  # a colour per method, every panel
+    methods = sorted({m for m, _ in picks})
+    strong = iter(_READING_COLOURS * len(methods))  # the readings warm and thick, the others pale and thin
+    pale = iter(_OTHER_COLOURS * len(methods))
+    colors = {m: next(strong) if m in readings else next(pale) for m in methods}
     shown: set[str] = set()
     for (method, k), (x, n_cells, _) in picks.items():
         name = html.escape(method_label(method, n_cells))
+        above = (x[None, :] > taus[:, None]).sum(axis=1)
         fig.add_trace(
             go.Scatter(
                 x=taus.tolist(),
-                y=(x[None, :] > taus[:, None]).mean(axis=1).tolist(),
+                y=(above / len(x)).tolist(),
+                customdata=above.tolist(),
                 mode="lines",
-                line={"shape": "hv", "color": colors[(method,)], "width": 3.5 if method in readings else 1.5},
+                line={"shape": "hv", "color": colors[method], "width": 3.5 if method in readings else 1.5},
                 name=name,
                 legendgroup=html.escape(method),
                 showlegend=name not in shown,
-                hovertemplate=f"{name}<br>%{{y:.2f}} of {len(x)} runs above %{{x:.2f}}<extra></extra>",
+                hovertemplate=f"{name}<br>%{{customdata}} of {len(x)} runs above %{{x:.2f}}<extra></extra>",
             ),
             row=1,
             col=ks.index(k) + 1,
@@ -631,7 +645,11 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
     for col in range(1, len(ks) + 1):
         fig.update_xaxes(title_text="final held-out accuracy τ", range=span, row=1, col=col)
     fig.update_yaxes(title_text="share of runs above τ", range=[-0.02, 1.05], row=1, col=1)
-    fig.update_layout(title="Performance profiles: the share of runs above each accuracy", height=440, margin={"t": 80})
+    fig.update_layout(
+        title="Performance profiles: the share of runs above each accuracy (thick: two-channel readings)",
+        height=max(440, 30 * len(methods) + 140),  # the legend whole, not scrolled
+        margin={"t": 80},
+    )
     return fig
 
 
@@ -689,12 +707,9 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
         rows=len(matrices), cols=1, subplot_titles=[f"k = {k}" for k in matrices], vertical_spacing=0.12
     )
     for row, (k, (p, low, high)) in enumerate(matrices.items(), start=1):
-        text = [
-            [
-                "" if pd.isna(p.at[m, b]) else f"{p.at[m, b]:.2f}<br>[{low.at[m, b]:.2f}, {high.at[m, b]:.2f}]"
-                for b in p.columns
-            ]
-            for m in p.index
+        text = [[_improvement_cell(p.at[m, b], low.at[m, b], high.at[m, b], True) for b in p.columns] for m in p.index]
+        hover = [
+            [_improvement_cell(p.at[m, b], low.at[m, b], high.at[m, b], False) for b in p.columns] for m in p.index
         ]
         fig.add_trace(
             go.Heatmap(
@@ -702,6 +717,7 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
                 x=[html.escape(b) for b in p.columns],
                 y=[html.escape(m) for m in p.index],
                 text=text,
+                customdata=hover,
                 texttemplate="%{text}",
                 textfont={"size": 10},
                 colorscale="RdBu",
@@ -710,7 +726,7 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
                 zmid=0.5,
                 showscale=row == 1,
                 colorbar={"title": "P(above)", "len": 0.5, "y": 1.0, "yanchor": "top"},
-                hovertemplate="%{y} above %{x}: %{text}<extra></extra>",
+                hovertemplate="%{y} above %{x}: %{customdata}<extra></extra>",
                 name=f"k = {k}",
             ),
             row=row,
@@ -723,3 +739,16 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
         margin={"l": 170, "t": 90},
     )
     return fig
+
+
+def _improvement_cell(value: float, low: float, high: float, in_cell: bool) -> str:
+    """A probability of improvement and its interval: in the cell on two lines, bold where the interval leaves ½ out;
+    in the hover on one."""
+    if pd.isna(value):
+        return ""
+    if pd.isna(low) or pd.isna(high):
+        return f"{value:.2f}"
+    if not in_cell:
+        return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+    shown = f"<b>{value:.2f}</b>" if low > 0.5 or high < 0.5 else f"{value:.2f}"
+    return f"{shown}<br>[{low:.2f}, {high:.2f}]"

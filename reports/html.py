@@ -165,12 +165,15 @@ HOW_TO_READ = {  # one sentence under each figure
     "another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "iqm": "Each point is one method's IQM (the mean of the middle half of its runs' final held-out accuracy) at one "
-    "lag k, with its 95 % interval (none drawn, and the hover says so, where a method has one run); methods run "
-    "from the best IQM averaged over the lags each ran at, at the top, down; the two-channel readings in orange. "
-    "To compare two methods directly, read the probability of improvement below.",
+    "lag k, with its 95 % interval (none where a method has one run); the best IQM (averaged over the lags a method "
+    "ran at) on top; in orange the two-channel readings (COPC's, and any method with both bands). The intervals are "
+    "rliable's percentile bootstrap, which covers ~90 % at 5 seeds (the note below). To compare two methods, read "
+    "the probability of improvement.",
     "improvement": "Each square is the chance that a run of the reading (row) ends above a run of the baseline "
-    "(column), ties counted half, with its 95 % interval: blue above ½, red below, white at ½ (a coin flip). An "
-    "interval that holds ½ does not tell the two apart.",
+    "(column), ties counted half, with its 95 % interval: blue above ½, red below, white at ½ (a coin flip); bold "
+    "where the interval leaves ½ out. An interval that holds ½ does not tell the two apart; these cover 86–91 % at 5 "
+    "seeds, and each reading meets every baseline here, so one bold cell among many is weak evidence (the claims "
+    "section's paired tests are corrected for the comparisons).",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective, red low to "
     "green high, on one scale for every heatmap of this report: from its lowest cell to its highest among those whose "
     f"runs did not all collapse, at least {figures.MIN_SPAN:g} wide (a small gap does not span the colours); a cell "
@@ -180,9 +183,10 @@ HOW_TO_READ = {  # one sentence under each figure
     "square is the best cell at that k.",
     "interaction": "Each line is one τ_a: its points are the seed means at each τ_p with their 95 % t "
     "intervals (none with one seed), the lines' points set side by side at each τ_p so no bar hides another. "
-    "Parallel lines mean the two bands act independently; lines that cross mean the "
-    f"best τ_p depends on τ_a (coupling). The y-axis spans at least {figures.MIN_SPAN:g}, so a gap smaller than the "
-    "seed noise does not fill the plot.",
+    "Parallel lines mean the two bands act independently; lines that are not parallel mean τ_p's effect depends on "
+    "τ_a (coupling), and the best τ_p changes with τ_a only where a line's slope changes sign. Read the bars first: "
+    "gaps inside them are seed noise (the coupling table tests it). The y-axis spans at least "
+    f"{figures.MIN_SPAN:g}, so a gap smaller than the seed noise does not fill the plot.",
     "contrasts": "Each row is one 2 × 2 sub-grid: how much τ_p's effect changes between two values of τ_a, with its "
     "95 % interval. An interval clear of 0 is evidence of coupling; red: τ_p's effect changes sign, significantly.",
     "region": "The share of each method's (τ_p, τ_a) cells whose seed-mean objective is within 90 % of its best cell "
@@ -551,7 +555,7 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
         "<h2>Aggregates: IQM, probability of improvement, performance profiles</h2>",
         figure_div(figures.iqm_intervals(agg, readings), "iqm", HOW_TO_READ["iqm"]),
         table(
-            agg,
+            agg.sort_values(["staleness", "iqm"], ascending=[True, False]),  # as the figure, best first
             [
                 ("method", "method", lambda r: html.escape(r["method"])),
                 ("staleness", "k", None),
@@ -770,11 +774,11 @@ def markdown_html(text: str) -> str:
         if rows:
             head, body = rows[0], [r for r in rows[2:]]
             out.append(
-                '<table class="sortable"><thead><tr>'
+                '<div class="table-wrap"><table class="sortable"><thead><tr>'
                 + "".join(f"<th>{html.escape(c)}</th>" for c in head)
                 + "</tr></thead><tbody>"
                 + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
-                + "</tbody></table>"
+                + "</tbody></table></div>"
             )
             rows.clear()
 

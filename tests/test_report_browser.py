@@ -443,12 +443,34 @@ def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_la
     )
     assert browser.execute_script("return document.querySelectorAll('#improvement .hm image').length") == 2
     text = browser.execute_script("return document.getElementById('improvement')._fullData[0].text")
-    assert [cell.split("<br>")[0] for cell in text[0]] == [f"{p(copc, [0.5] * 5):.2f}", f"{p(copc, tis):.2f}"]
+    # above CISPO in every pair (its interval [1, 1] leaves ½ out: bold); above TIS at 0.78, its interval holding ½
+    assert [cell.split("<br>")[0] for cell in text[0]] == [f"<b>{p(copc, [0.5] * 5):.2f}</b>", f"{p(copc, tis):.2f}"]
     low, high = browser.execute_script("return document.getElementById('improvement')._fullLayout.yaxis.range")
     assert low > high  # the axis runs downward: the readings top down, as the tables list them
+    assert [r[0] for r in rows("iqm-table")[1:]] == ["copc", "tis", "cispo", "copc", "tis"]  # as the figure: best first
     # the IQM interval plot: scipy's 25 % trimmed mean drops one run from each end of five (COPC at k = 4: 0.7, 0.75,
     # 0.8 kept, 0.75; TIS 0.6, 0.65, 0.7, 0.65; CISPO 0.5), methods ordered by mean IQM over the lags, best on top
     iqm = browser.execute_script("return document.getElementById('iqm')._fullData.map(t => [Array.from(t.x), t.y])")
     assert iqm[0][1] == ["cispo", "tis", "copc"] and iqm[0][0] == pytest.approx([0.5, 0.65, 0.75])
     assert iqm[1][1] == ["tis", "copc"] and iqm[1][0] == pytest.approx([0.65, 0.65])
     assert browser.execute_script("return document.querySelectorAll('#iqm .points path.point').length") == 5
+
+
+def test_a_wide_claims_table_scrolls_in_its_box_not_the_page(browser, tmp_path):
+    """The claims section's Markdown tables (a reading against 13 baselines is ~1,400 px wide) scroll inside their
+    own box: the page is no wider than the window."""
+    from reports.html import markdown_html, page
+
+    wide = "\n".join(
+        ["| reading | " + " | ".join(f"baseline_{i}" for i in range(20)) + " |", "|---" * 21 + "|"]
+        + ["| copc[interpolated] | " + " | ".join("+0.03 [-0.02, +0.08] (5)" for _ in range(20)) + " |"]
+    )
+    path = tmp_path / "wide.html"
+    path.write_text(page("wide", [markdown_html(wide)]), encoding="utf-8")
+    browser.set_window_size(1200, 800)
+    browser.get(path.as_uri())
+    table, page_width, window = browser.execute_script(
+        "return [document.querySelector('table').scrollWidth, document.documentElement.scrollWidth,"
+        " document.documentElement.clientWidth]"
+    )
+    assert table > window >= page_width, (table, page_width, window)

@@ -336,6 +336,7 @@ def test_interaction_lines_one_line_per_tau_a_with_interval_bars():
     assert len(fig.data) == 2 * 3
     line = fig.data[0]
     assert line.name == "τ_a = 1" and np.allclose(line.y, [bilinear(i, 0, 0) for i in range(3)])
+    assert line.text[0].startswith("τ_a 1, τ_p 1.5: ") and line.text[0].endswith(" seeds")  # the hover says which
     assert all(e > 0 for e in line.error_y.array)
 
 
@@ -819,7 +820,8 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     assert improve.p == pytest.approx(sum((a > b) + 0.5 * (a == b) for a, b in pairs) / 25)
     fig = figures.performance_profiles(analysis.method_finals(runs))
     tis = next(tr for tr in fig.data if tr.name == "tis")
-    assert tis.y[list(np.round(tis.x, 3)).index(0.62)] == pytest.approx(3 / 5)
+    at = list(np.round(tis.x, 3)).index(0.62)
+    assert tis.y[at] == pytest.approx(3 / 5) and tis.customdata[at] == 3  # the hover counts runs: "3 of 5"
     # the interval plot: COPC's IQM (0.7, 0.75, 0.8 in the middle: 0.75) on top, its bars reaching the interval's ends
     (points,) = figures.iqm_intervals(agg.reset_index(), ["copc"]).data
     assert list(points.y) == ["tis", "copc"] and list(points.x) == pytest.approx([0.65, 0.75])
@@ -836,7 +838,11 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
         ("tis",),
         ("copc",),
     )
-    assert matrix.text[0][0] == f"{improve.p:.2f}<br>[{improve.low:.2f}, {improve.high:.2f}]"
+    assert matrix.text[0][0] == f"{improve.p:.2f}<br>[{improve.low:.2f}, {improve.high:.2f}]"  # ½ inside: plain
+    clear = pd.DataFrame([{"method": "copc", "baseline": "tis", "staleness": 4, "p": 0.9, "low": 0.6, "high": 1.0}])
+    (bold,) = figures.improvement_heatmaps(clear).data
+    assert [list(r) for r in bold.text] == [["<b>0.90</b><br>[0.60, 1.00]"]]  # ½ outside the interval: bold
+    assert [list(r) for r in bold.customdata] == [["0.90 [0.60, 1.00]"]]
 
 
 def test_a_grid_enters_the_aggregates_by_its_selection_free_picks_not_its_best_cell():
