@@ -616,8 +616,6 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
     ks = sorted({k for _, k in picks})
     fig = _lag_panels(ks)
     taus = np.linspace(0.0, 1.0, 201)
-    every = np.concatenate([m.finals for m in picks.values()]) if picks else np.array([0.0, 1.0])
-    span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where the runs end, not empty space
     methods = sorted({m for m, _ in picks})
     strong = iter(_READING_COLOURS * len(methods))  # the readings warm and thick, the others pale and thin
     pale = iter(_OTHER_COLOURS * len(methods))
@@ -642,12 +640,15 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
             col=ks.index(k) + 1,
         )
         shown.add(name)
-    for col in range(1, len(ks) + 1):
+    for col, k in enumerate(ks, start=1):
+        every = np.concatenate([m.finals for (_, at), m in picks.items() if at == k])
+        span = [max(0.0, every.min() - 0.05), min(1.0, every.max() + 0.05)]  # where this lag's runs end, not space
         fig.update_xaxes(title_text="final held-out accuracy τ", range=span, row=1, col=col)
     fig.update_yaxes(title_text="share of runs above τ", range=[-0.02, 1.05], row=1, col=1)
     fig.update_layout(
         title="Performance profiles: the share of runs above each accuracy (thick: two-channel readings)",
-        height=max(440, 30 * len(methods) + 140),  # the legend whole, not scrolled
+        height=500 + 24 * math.ceil(len(methods) / 4),  # the legend whole under the panels, not scrolled beside
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0},
         margin={"t": 80},
     )
     return fig
@@ -655,13 +656,15 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
 
 def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
     """rliable's interval-estimate plot: each method's IQM of final held-out accuracy with its 95 % interval, one panel
-    per lag k, methods in the order of their IQM averaged over the lags each ran at (best on top), the two-channel
-    readings in orange and the other methods in blue. `agg` is `reports.analysis.aggregates`' frame."""
+    per lag k, methods in the order of their IQM in that panel (best on top), the two-channel readings in orange and
+    the other methods in blue. `agg` is `reports.analysis.aggregates`' frame."""
     ks = sorted(agg["staleness"].unique())
-    order = agg.groupby("method")["iqm"].mean().sort_values().index.tolist()  # plotly draws the first at the bottom
-    fig = _lag_panels(ks)
+    # each panel its own order, best on top: an order shared across lags ranks a method run at the easy lag only
+    # above those averaged over a hard one
+    fig = make_subplots(rows=1, cols=max(1, len(ks)), subplot_titles=[f"k = {k}" for k in ks], horizontal_spacing=0.2)
     for col, k in enumerate(ks, start=1):
-        at = agg[(agg["staleness"] == k) & agg["iqm"].notna()].set_index("method").reindex(order).dropna(subset="iqm")
+        at = agg[(agg["staleness"] == k) & agg["iqm"].notna()].sort_values(["iqm", "method"], ascending=[True, False])
+        at = at.set_index("method")  # plotly draws the first at the bottom: ties alphabetical from the top
         hover = [
             f"{html.escape(method_label(m, int(r.n_cells)))}<br>IQM {r.iqm:.3f} "
             + ("(no interval)" if pd.isna(r.low) or pd.isna(r.high) else f"[{r.low:.3f}, {r.high:.3f}]")
@@ -689,10 +692,10 @@ def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
             col=col,
         )
         fig.update_xaxes(title_text="IQM of final held-out accuracy [95 % CI]", row=1, col=col)
-    fig.update_yaxes(categoryorder="array", categoryarray=[html.escape(m) for m in order], row=1, col=1)
+        fig.update_yaxes(categoryorder="array", categoryarray=[html.escape(m) for m in at.index], row=1, col=col)
     fig.update_layout(
         title="IQM per method (orange: two-channel readings; blue: the other methods)",
-        height=max(320, 22 * len(order) + 160),
+        height=max(320, 22 * agg.groupby("staleness").size().max() + 160),
         margin={"l": 200, "t": 80},
     )
     return fig

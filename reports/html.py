@@ -165,8 +165,8 @@ HOW_TO_READ = {  # one sentence under each figure
     "another everywhere: those runs end higher at every "
     "level (stochastic dominance); lines that cross trade a better typical run for a worse tail.",
     "iqm": "Each point is one method's IQM (the mean of the middle half of its runs' final held-out accuracy) at one "
-    "lag k, with its 95 % interval (none where a method has one run); the best IQM (averaged over the lags a method "
-    "ran at) on top; in orange the two-channel readings (COPC's, and any method with both bands). The intervals are "
+    "lag k, with its 95 % interval (none where a method has one run); in each panel the best IQM on top; in orange "
+    "the two-channel readings (COPC's, and any method with both bands). The intervals are "
     "rliable's percentile bootstrap, which covers ~90 % at 5 seeds (the note below). To compare two methods, read "
     "the probability of improvement.",
     "improvement": "Each square is the chance that a run of the reading (row) ends above a run of the baseline "

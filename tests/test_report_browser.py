@@ -449,7 +449,7 @@ def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_la
     assert low > high  # the axis runs downward: the readings top down, as the tables list them
     assert [r[0] for r in rows("iqm-table")[1:]] == ["copc", "tis", "cispo", "copc", "tis"]  # as the figure: best first
     # the IQM interval plot: scipy's 25 % trimmed mean drops one run from each end of five (COPC at k = 4: 0.7, 0.75,
-    # 0.8 kept, 0.75; TIS 0.6, 0.65, 0.7, 0.65; CISPO 0.5), methods ordered by mean IQM over the lags, best on top
+    # 0.8 kept, 0.75; TIS 0.6, 0.65, 0.7, 0.65; CISPO 0.5), each panel best on top (a tie alphabetical from the top)
     iqm = browser.execute_script("return document.getElementById('iqm')._fullData.map(t => [Array.from(t.x), t.y])")
     assert iqm[0][1] == ["cispo", "tis", "copc"] and iqm[0][0] == pytest.approx([0.5, 0.65, 0.75])
     assert iqm[1][1] == ["tis", "copc"] and iqm[1][0] == pytest.approx([0.65, 0.65])

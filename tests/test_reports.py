@@ -830,6 +830,11 @@ def test_rliables_aggregates_by_their_definitions_on_hand_values():
     assert ends[0] == pytest.approx(agg.loc[["tis", "copc"], "high"]) and ends[1] == pytest.approx(
         agg.loc[["tis", "copc"], "low"]
     )
+    # each lag's panel its own order: B (0.95) above A (0.90) at k = 0 although B's mean over both lags is lower
+    two = pd.DataFrame(
+        [("a", 0, 0.90), ("b", 0, 0.95), ("b", 32, 0.10), ("c", 32, 0.50)], columns=["method", "staleness", "iqm"]
+    ).assign(n_cells=1, n=5, low=0.0, high=1.0)
+    assert [list(t.y) for t in figures.iqm_intervals(two, []).data] == [["a", "b"], ["b", "c"]]
     one = analysis.aggregates({("vtrace", 4): analysis.MethodRuns(np.array([0.4]), 1, ["v0"])})  # one run: no interval
     (alone,) = figures.iqm_intervals(one, []).data
     assert alone.text == ("vtrace<br>IQM 0.400 (no interval), 1 run",) and list(alone.error_x.array) == [0]
