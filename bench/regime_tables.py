@@ -22,7 +22,6 @@ import argparse
 import math
 
 import pandas as pd
-from scipy import stats
 
 from copc_core.rl.methods import COPC_READING
 from copc_core.train.stability import area_under_curve
@@ -30,20 +29,19 @@ from infra.settings import data_dir
 from infra.tracking import read_sweeps, tracking_uri
 from reports.analysis import (
     aggregates,
-    improvement_matrices,
     improvement_table,
     late_half_aucs,
     late_stage,
     method_finals,
     method_label,
     paired_difference,
+    paired_p,
     readings_and_baselines,
     selection_free_scores,
     survival,
 )
-from reports.claims import claim_tables, roles
+from reports.claims import claim_tables, improvement_text, interval_text, roles
 from reports.frames import curves_frame, runs_frame
-from reports.html import interval_text
 
 
 def _ms(values: pd.Series) -> str:
@@ -77,23 +75,17 @@ def aggregate_tables(runs: pd.DataFrame) -> str:
     if agg.empty:
         return ""
     lines = ["| method | k (versions) | runs | IQM of final accuracy [95 % CI] |", "|---|---|---|---|"]
-    lines += [
-        f"| {method_label(r.method, r.n_cells)} | {r.staleness} | {r.n} | {interval_text(r.iqm, r.low, r.high)} |"
-        for r in agg.itertuples()
-    ]
-    for k, (p, low, high) in improvement_matrices(improvement_table(picks, *readings_and_baselines(runs))).items():
+    for r in agg.itertuples():
+        iqm = interval_text(r.iqm, r.low, r.high, ".3f")
+        lines.append(f"| {method_label(r.method, r.n_cells)} | {r.staleness} | {r.n} | {iqm} |")
+    for k, cells in improvement_text(improvement_table(picks, *readings_and_baselines(runs))).items():
         lines += [
             "",
             f"P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}:",
             "",
-            "| reading | " + " | ".join(p.columns) + " |",
-            "|---" * (len(p.columns) + 1) + "|",
-            *(
-                f"| {m} | "
-                + " | ".join(interval_text(p.at[m, b], low.at[m, b], high.at[m, b]) for b in p.columns)
-                + " |"
-                for m in p.index
-            ),
+            "| reading | " + " | ".join(cells.columns) + " |",
+            "|---" * (len(cells.columns) + 1) + "|",
+            *(f"| {m} | " + " | ".join(row) + " |" for m, row in zip(cells.index, cells.to_numpy())),
         ]
     return "\n".join(lines)
 
@@ -214,18 +206,6 @@ def confirmation_table(runs: pd.DataFrame, reference: str) -> str:
             f"{int(g['collapsed'].sum())}/{len(g)} | {diffs[0]} | {p} | {diffs[1]} |"
         )
     return "\n".join(lines)
-
-
-def paired_p(a: pd.Series, b: pd.Series) -> float:
-    """The two-sided p of the paired t test of a − b over the seeds both have (scipy's `ttest_rel`; NaN under two
-    seeds, 1 where every difference is 0)."""
-    common = a.index.intersection(b.index)
-    d = (a.loc[common] - b.loc[common]).to_numpy(float)
-    if len(d) < 2:
-        return math.nan
-    if not d.any():
-        return 1.0
-    return float(stats.ttest_rel(a.loc[common].to_numpy(float), b.loc[common].to_numpy(float)).pvalue)
 
 
 def at_step(runs: pd.DataFrame, curves: pd.DataFrame, step: int) -> pd.DataFrame:

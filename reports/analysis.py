@@ -630,15 +630,31 @@ def selection_free_scores(runs: pd.DataFrame, families: dict[str, list[str]], sc
     return schema.validate(frame, schema.SEED_SCORES, "seed scores")
 
 
+def _paired(a: pd.Series, b: pd.Series) -> np.ndarray:
+    """a − b over the seeds both have (Series indexed by seed)."""
+    common = a.index.intersection(b.index)
+    return (a.loc[common] - b.loc[common]).to_numpy(float)
+
+
 def paired_difference(a: pd.Series, b: pd.Series, level: float = LEVEL) -> tuple[int, float, float, float]:
     """(seeds, mean, low, high) of a − b over the seeds both have (Series indexed by seed), with the t interval of
     the mean difference (`mean_interval`); the pairing removes what a seed's warm start and problems share."""
-    common = a.index.intersection(b.index)
-    d = (a.loc[common] - b.loc[common]).to_numpy(float)
+    d = _paired(a, b)
     if len(d) == 0:
         return 0, math.nan, math.nan, math.nan
     mean, low, high = mean_interval(d, level)
     return len(d), mean, low, high
+
+
+def paired_p(a: pd.Series, b: pd.Series) -> float:
+    """The two-sided p of the paired t test of a − b over the seeds both have (scipy's one-sample t of the
+    differences, `ttest_rel`'s; NaN under two seeds, 1 where every difference is 0)."""
+    d = _paired(a, b)
+    if len(d) < 2:
+        return math.nan
+    if not d.any():
+        return 1.0
+    return float(stats.ttest_1samp(d, 0.0).pvalue)
 
 
 def additive_null(runs: pd.DataFrame, n_null: int = N_BOOT, seed: int = 0) -> pd.DataFrame:

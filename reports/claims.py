@@ -26,6 +26,7 @@ from reports.analysis import (
     additive_null,
     cell_stats,
     coupling,
+    improvement_matrices,
     interaction_fraction,
     method_bands,
     paired_difference,
@@ -226,11 +227,27 @@ def _best_sections(  # noqa: C901 — one table per claim row kind; split next w
     return out
 
 
-def _interval_text(mean: float, low: float, high: float, signed: bool = False) -> str:
-    f = "+.2f" if signed else ".2f"
-    if math.isnan(mean):
+def interval_text(value: float, low: float, high: float, fmt: str = ".2f") -> str:
+    """`0.78 [0.60, 0.92]` in the format `fmt`; `—` where there is no value, the value alone where it has no
+    interval (the claims tables, the report's aggregates, the bench's)."""
+    if pd.isna(value):
         return "—"
-    return f"{mean:{f}}" + ("" if math.isnan(low) else f" [{low:{f}}, {high:{f}}]")
+    if pd.isna(low) or pd.isna(high):
+        return f"{value:{fmt}}"
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def improvement_text(improve: pd.DataFrame, fmt: str = ".3f") -> dict[int, pd.DataFrame]:
+    """Per k, the probability of improvement (`improvement_table`'s rows) as a matrix of `interval_text`, a reading a
+    row and a baseline a column."""
+    return {
+        k: pd.DataFrame(
+            [[interval_text(p.at[m, b], low.at[m, b], high.at[m, b], fmt) for b in p.columns] for m in p.index],
+            index=p.index,
+            columns=p.columns,
+        )
+        for k, (p, low, high) in improvement_matrices(improve).items()
+    }
 
 
 def _selection_free_section(  # noqa: C901 — one table per claim row kind; split next with the claims section
@@ -254,7 +271,7 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
 
     def diff(a: pd.Series, b: pd.Series, signed: bool = True) -> str:
         n, mean, low, high = paired_difference(a, b)
-        return f"{_interval_text(mean, low, high, signed)} ({n})" if n else "—"
+        return f"{interval_text(mean, low, high, '+.2f' if signed else '.2f')} ({n})" if n else "—"
 
     def mean_ci(values: pd.Series) -> str:  # a mean's interval: the paired difference from 0
         return diff(values, pd.Series(0.0, index=values.index), signed=False)

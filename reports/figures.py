@@ -7,8 +7,9 @@ renders a subset of HTML in labels and hover text.
 from __future__ import annotations
 
 import html
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -609,7 +610,7 @@ def survival_curves(surv: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tuple[str, ...] = ()) -> go.Figure:
+def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: Collection[str] = ()) -> go.Figure:
     """Performance profiles (rliable's): the share of a method's runs whose final held-out accuracy is above τ, against
     τ, one panel per lag k, one line per method in a colour of its own, the two-channel `readings` thicker; a method
     swept over a grid is drawn from its selection-free picks (`reports.analysis.method_finals`), named so."""
@@ -617,8 +618,7 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
     fig = _lag_panels(ks)
     taus = np.linspace(0.0, 1.0, 201)
     methods = sorted({m for m, _ in picks})
-    strong = iter(_READING_COLOURS * len(methods))  # the readings warm and thick, the others pale and thin
-    pale = iter(_OTHER_COLOURS * len(methods))
+    strong, pale = itertools.cycle(_READING_COLOURS), itertools.cycle(_OTHER_COLOURS)  # readings warm, the rest pale
     colors = {m: next(strong) if m in readings else next(pale) for m in methods}
     shown: set[str] = set()
     for (method, k), (x, n_cells, _) in picks.items():
@@ -654,7 +654,7 @@ def performance_profiles(picks: dict[tuple[str, int], MethodRuns], readings: tup
     return fig
 
 
-def iqm_intervals(agg: pd.DataFrame, readings: list[str]) -> go.Figure:
+def iqm_intervals(agg: pd.DataFrame, readings: Collection[str]) -> go.Figure:
     """rliable's interval-estimate plot: each method's IQM of final held-out accuracy with its 95 % interval, one panel
     per lag k, methods in the order of their IQM in that panel (best on top), the two-channel readings in orange and
     the other methods in blue. `agg` is `reports.analysis.aggregates`' frame."""

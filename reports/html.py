@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import analysis, figures
-from reports.claims import claim_tables, has_claims
+from reports.claims import claim_tables, has_claims, improvement_text, interval_text
 from reports.figures import tau
 from reports.plan import mark_sections, plan_section
 
@@ -565,12 +565,16 @@ def _aggregates_section(data: ReportData, t: _Tables) -> list[str]:
                     "runs from",
                     lambda r: "its cell" if r["n_cells"] == 1 else f"a grid of {r['n_cells']} cells",
                 ),
-                ("iqm", "IQM of final accuracy [95 % CI]", lambda r: interval_text(r["iqm"], r["low"], r["high"])),
+                (
+                    "iqm",
+                    "IQM of final accuracy [95 % CI]",
+                    lambda r: interval_text(r["iqm"], r["low"], r["high"], ".3f"),
+                ),
             ],
             "iqm-table",
         ),
         *_improvement_matrix(improve),
-        figure_div(figures.performance_profiles(t.picks, tuple(readings)), "profiles", HOW_TO_READ["profiles"]),
+        figure_div(figures.performance_profiles(t.picks, readings), "profiles", HOW_TO_READ["profiles"]),
         '<p class="note">rliable\'s definitions (Agarwal et al., 2021), computed with scipy: IQM, the mean of the '
         "middle half of a method's runs; probability of improvement, the chance that a run of the reading ends above "
         "a run of the baseline (ties count half). A method swept over a grid enters by its selection-free picks: on "
@@ -593,12 +597,7 @@ def _improvement_matrix(improve: pd.DataFrame) -> list[str]:
             "(a method without bands) at one k.</p>"
         ]
     out = [figure_div(figures.improvement_heatmaps(improve), "improvement", HOW_TO_READ["improvement"])]
-    for k, (p, low, high) in analysis.improvement_matrices(improve).items():
-        cells = pd.DataFrame(
-            [[interval_text(p.at[m, b], low.at[m, b], high.at[m, b]) for b in p.columns] for m in p.index],
-            index=p.index,
-            columns=p.columns,
-        )
+    for k, cells in improvement_text(improve).items():
         out.append(f"<h3>P(a run of the reading ends above a run of the baseline) [95 % CI], k = {k}</h3>")
         out.append(
             table(
@@ -609,13 +608,6 @@ def _improvement_matrix(improve: pd.DataFrame) -> list[str]:
             )
         )
     return out
-
-
-def interval_text(value: float, low: float, high: float) -> str:
-    """`0.780 [0.600, 0.920]`; `—` where there is no value, the value alone where it has no interval."""
-    if pd.isna(value):
-        return "—"
-    return num(value) if pd.isna(low) or pd.isna(high) else f"{num(value)} [{num(low)}, {num(high)}]"
 
 
 def _step_time_section(data: ReportData, t: _Tables) -> list[str]:

@@ -180,7 +180,8 @@ def test_at_step_reads_a_long_run_as_if_it_had_ended_there_and_paired_p_is_the_p
     and was evaluated 0.2 at 0 and 0.8 at 300: final 0.8, AUC 0.5, not collapsed by 300. Run c has no evaluation at
     300: not scored. Paired t of (0.1, 0.2, 0.3) against (0, 0, 0.1): differences 0.1, 0.2, 0.2, t = 5 on 2 degrees
     of freedom, whose CDF is ½ + t / (2 √(2 + t²)), so p = 1 − 5 / √27."""
-    from bench.regime_tables import at_step, paired_p
+    from bench.regime_tables import at_step
+    from reports.analysis import paired_p
 
     runs = pd.DataFrame(
         {"run_id": ["a", "b", "c"], "collapsed": [True, True, False], "collapse_step": [200.0, 400.0, math.nan]}
