@@ -456,27 +456,27 @@ def _time_to_collapse(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Kaplan–Meier estimate, per (method, k), of the share of scored runs not yet collapsed at each learner step
     (scipy.stats.ecdf over right-censored times: a run that did not collapse is censored where it ended), with its
-    pointwise interval. Each curve starts at step 0 with every run and ends at its longest run."""
+    pointwise log-log interval (`_clustered_log_log`: a grid's runs of one seed count as one). Each curve starts at
+    step 0 with every run and ends at its longest run."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
         times, censored = _time_to_collapse(g)
         rows.append(dict(method=method, staleness=k, step=0, surviving=1.0, low=1.0, high=1.0, at_risk=len(g)))
         if (~censored).any():
-            fit = stats.ecdf(stats.CensoredData.right_censored(times, censored)).sf
-            ci = fit.confidence_interval(level, method="log-log")
-            for step, value, low, high in zip(
-                fit.quantiles, fit.probabilities, ci.low.probabilities, ci.high.probabilities
-            ):
+            sf = stats.ecdf(stats.CensoredData.right_censored(times, censored)).sf
+            per_seed = int(g.groupby("seed").size().max())
+            for step, value in zip(sf.quantiles, sf.probabilities):
                 if (times[~censored] == step).any():  # a step where a run collapsed (censoring steps change nothing)
+                    low, high = _clustered_log_log(times, censored, step, value, per_seed, level)
                     rows.append(
                         dict(
                             method=method,
                             staleness=k,
                             step=int(step),
                             surviving=float(value),
-                            low=float(low),
-                            high=float(high),
+                            low=low,
+                            high=high,
                             at_risk=int((times >= step).sum()),
                         )
                     )
@@ -488,6 +488,24 @@ def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
         return schema.empty(schema.SURVIVAL)
     frame = pd.DataFrame(rows).astype({"staleness": "int64", "step": "int64", "at_risk": "int64"})
     return schema.validate(frame, schema.SURVIVAL, "survival")
+
+
+def _clustered_log_log(
+    times: np.ndarray, censored: np.ndarray, step: float, surviving: float, per_seed: int, level: float
+) -> tuple[float, float]:
+    """The log-log interval of a Kaplan–Meier value S at `step`, S^exp(±z σ), σ² = per_seed · Greenwood's
+    Σ d / (n (n − d)) / log² S over the collapse steps up to it. With one run a seed (per_seed 1) it is scipy's
+    `confidence_interval(method="log-log")`; a grid's cells share each seed's draws, so its runs are not independent:
+    the variance is multiplied by the runs a seed has (the design effect's bound, as if each seed's runs were one run).
+    At S = 0 the log-log interval is not defined: NaN, as scipy gives."""
+    if surviving <= 0.0:
+        return math.nan, math.nan
+    events = np.unique(times[~censored & (times <= step)])
+    at_risk = np.array([(times >= t).sum() for t in events], float)
+    died = np.array([((times == t) & ~censored).sum() for t in events], float)
+    greenwood = float(np.sum(died / (at_risk * (at_risk - died))))
+    spread = stats.norm.ppf(0.5 + level / 2) * math.sqrt(per_seed * greenwood) / abs(math.log(surviving))
+    return surviving ** math.exp(spread), surviving ** math.exp(-spread)
 
 
 def late_half_auc(curve: pd.DataFrame, steps: int) -> float:

@@ -709,6 +709,40 @@ def test_survival_is_kaplan_meier_over_runs_censored_where_they_ended():
     assert tis["step"].tolist() == [0, 1000] and tis["surviving"].tolist() == [1.0, 1.0]
 
 
+def test_survival_interval_is_scipys_for_one_run_a_seed_and_counts_a_seeds_cells_as_one_run():
+    """One run a seed: the interval is scipy's log-log (Greenwood) interval itself. A grid whose three cells at a seed
+    ran alike (the cells share the seed's draws: perfectly correlated) has the same Kaplan–Meier curve, and its interval
+    is the one of its five seeds alone — not the three-times-narrower one of 15 independent runs."""
+    collapses = [(120, True), (300, True), (600, False), (450, True), (600, False)]  # (step, collapsed) a seed
+
+    def records(cells):
+        return [
+            trial(f"r{s}-{c}", tp, 1.0, 32, s, 0.6, collapsed=hit, collapse_step=step if hit else None, steps=600)
+            for s, (step, hit) in enumerate(collapses)
+            for c, tp in enumerate([1.5, 2.0, 4.0][:cells])
+        ]
+
+    times = np.array([step for step, _ in collapses], float)
+    events = np.array([hit for _, hit in collapses])
+    sf = stats.ecdf(stats.CensoredData.right_censored(times, ~events)).sf
+    ci = sf.confidence_interval(0.95, method="log-log")
+    at = np.isin(sf.quantiles, [120, 300, 450])
+    one = analysis.survival(frame(records(1))).iloc[1:4]  # past step 0, before the end's repeat
+    assert one["step"].tolist() == [120, 300, 450]
+    assert one["surviving"].tolist() == pytest.approx(sf.probabilities[at], abs=1e-12)
+    assert one["low"].tolist() == pytest.approx(ci.low.probabilities[at], abs=1e-12)
+    assert one["high"].tolist() == pytest.approx(ci.high.probabilities[at], abs=1e-12)
+
+    grid = analysis.survival(frame(records(3))).iloc[1:4]
+    assert grid["at_risk"].tolist() == [15, 12, 9]
+    for col in ("surviving", "low", "high"):
+        assert grid[col].tolist() == pytest.approx(one[col].tolist(), abs=1e-12)
+    naive = stats.ecdf(
+        stats.CensoredData.right_censored(np.repeat(times, 3), ~np.repeat(events, 3))
+    ).sf.confidence_interval(0.95, method="log-log")
+    assert (naive.low.probabilities[at] > one["low"].to_numpy() + 0.05).all()  # Greenwood over 15 "independent" runs
+
+
 def test_late_half_auc_is_the_mean_accuracy_over_the_second_half():
     # accuracy = step / 1000, evaluated every 100 steps: over steps 500..1000 its mean is (0.5 + 1.0) / 2
     rising = pd.DataFrame({"step": range(0, 1001, 100), "value": [s / 1000 for s in range(0, 1001, 100)]})
