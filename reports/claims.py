@@ -147,24 +147,36 @@ def _multiple_testing(null: pd.DataFrame) -> list[str]:
     ]
 
 
-def _best_sections(  # noqa: C901 — one table per claim row kind; split next with the claims section
+def _best_sections(
     runs: pd.DataFrame, cells: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str]
 ) -> list[str]:
-    out = ["#### (b) Best cell per method and k (final accuracy, seed mean [95 % CI]; collapse rate)\n"]
+    """(b) the best cell of every method per k, and each two-channel method's against the best baseline's; (c) every
+    method's collapses at the largest k; the high-performing region of the banded methods."""
     methods = [*two, *single, *baselines]
+    best = {
+        (m, k): g.loc[g["mean"].idxmax()]
+        for (m, k), g in cells.groupby(["method", "staleness"], sort=False)
+        if m in methods and k in lags
+    }
+    return [
+        *_best_cell_table(best, method_bands(runs), lags, methods),
+        *_best_against_baselines(best, lags, two, baselines),
+        *_stability_table(runs, max(lags), methods),
+        *_region_table(cells, lags, [*two, *single]),
+    ]
+
+
+def _best_cell_table(best: dict[tuple, pd.Series], has: dict, lags: list[int], methods: list[str]) -> list[str]:
+    out = ["#### (b) Best cell per method and k (final accuracy, seed mean [95 % CI]; collapse rate)\n"]
     out.append("| method | " + " | ".join(f"k={k}" for k in lags) + " |")
     out.append("|---|" + "---|" * len(lags))
-    best: dict[tuple, dict] = {}
-    has = method_bands(runs)
     for m in methods:
         line = []
         for k in lags:
-            g = cells[(cells["method"] == m) & (cells["staleness"] == k)]
-            if g.empty:
+            if (m, k) not in best:
                 line.append("—")
                 continue
-            b = g.loc[g["mean"].idxmax()]
-            best[m, k] = b
+            b = best[m, k]
             bands = ", ".join(
                 f"{n} {tau(b[c])}"
                 for n, c, h in (("τ_p", "tau_policy", has[m][0]), ("τ_a", "tau_advantage", has[m][1]))
@@ -172,8 +184,16 @@ def _best_sections(  # noqa: C901 — one table per claim row kind; split next w
             )
             line.append(f"{_ci(b)}; {b['collapse_rate']:.0%}" + (f" ({bands})" if bands else ""))
         out.append(f"| {m} | " + " | ".join(line) + " |")
-    out.append("\n| method | k | best cell | best baseline | ≥ baseline (means) | intervals overlap |")
-    out.append("|---|---|---|---|---|---|")
+    return out
+
+
+def _best_against_baselines(
+    best: dict[tuple, pd.Series], lags: list[int], two: list[str], baselines: list[str]
+) -> list[str]:
+    out = [
+        "\n| method | k | best cell | best baseline | ≥ baseline (means) | intervals overlap |",
+        "|---|---|---|---|---|---|",
+    ]
     for copc in two:
         for k in lags:
             rivals = [(m, best[m, k]) for m in baselines if (m, k) in best]
@@ -186,14 +206,16 @@ def _best_sections(  # noqa: C901 — one table per claim row kind; split next w
                 f"| {copc} | {k} | {_ci(c)} | {m} {_ci(r)} | {'yes' if c['mean'] >= r['mean'] else 'no'} | "
                 f"{'yes' if overlap else 'no'} |"
             )
-    # (c) stability at the largest k
-    k = max(lags)
-    out.append(f"\n#### (c) Stability at k = {k}: collapse rate over all runs of each method, and the early warnings\n")
-    out.append(
+    return out
+
+
+def _stability_table(runs: pd.DataFrame, k: int, methods: list[str]) -> list[str]:
+    out = [
+        f"\n#### (c) Stability at k = {k}: collapse rate over all runs of each method, and the early warnings\n",
         "| method | runs | collapsed | final accuracy (mean over runs) | peak | runs with an ESS-drop or "
-        "grad-spike warning | collapsed runs warned before the collapse |"
-    )
-    out.append("|---|---|---|---|---|---|---|")
+        "grad-spike warning | collapsed runs warned before the collapse |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in methods:
         g = runs[(runs["method"] == m) & (runs["staleness"] == k)]
         if len(g):
@@ -205,14 +227,16 @@ def _best_sections(  # noqa: C901 — one table per claim row kind; split next w
                 f"{g['final_accuracy'].mean():.2f} | {g['peak_accuracy'].mean():.2f} | {len(warned)} | "
                 f"{len(early)}/{len(collapsed)} |"
             )
-    # region
-    out.append(
+    return out
+
+
+def _region_table(cells: pd.DataFrame, lags: list[int], banded: list[str]) -> list[str]:
+    out = [
         "\n#### High-performing region: share of each banded method's cells within 90 % of the best banded cell "
-        "at that k\n"
-    )
-    banded = [*two, *single]
-    out.append("| k | best of these | " + " | ".join(banded) + " |")
-    out.append("|---|---|" + "---|" * len(banded))
+        "at that k\n",
+        "| k | best of these | " + " | ".join(banded) + " |",
+        "|---|---|" + "---|" * len(banded),
+    ]
     for k in lags:
         g = cells[(cells["method"].isin(banded)) & (cells["staleness"] == k)]
         if g.empty:
@@ -250,32 +274,56 @@ def improvement_text(improve: pd.DataFrame, fmt: str = ".3f") -> dict[int, pd.Da
     }
 
 
-def _selection_free_section(  # noqa: C901 — one table per claim row kind; split next with the claims section
-    runs: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str]
-) -> list[str]:
-    chosen_baseline = "baselines (chosen)"
-    families = {m: [m] for m in [*two, *single, *baselines]} | (
-        {chosen_baseline: baselines} if len(baselines) > 1 else {}
-    )
-    scores = {
-        name: selection_free_scores(runs, families, column)
-        .set_index(["family", "staleness", "kind", "seed"])
-        .sort_index()
-        for name, column in (("final", "final_accuracy"), ("AUC", "auc_accuracy"))
-    }
+CHOSEN_BASELINE = "baselines (chosen)"
 
-    def series(name: str, family: str, k: int, kind: str) -> pd.Series:
-        frame = scores[name]
+
+class _SelectionFree:
+    """Each family's tuned and untuned scores per seed (final accuracy and AUC: `selection_free_scores`), and the
+    text of their means and paired differences with t intervals."""
+
+    def __init__(self, runs: pd.DataFrame, families: dict[str, list[str]]):
+        self.scores = {
+            name: selection_free_scores(runs, families, column)
+            .set_index(["family", "staleness", "kind", "seed"])
+            .sort_index()
+            for name, column in (("final", "final_accuracy"), ("AUC", "auc_accuracy"))
+        }
+
+    def series(self, name: str, family: str, k: int, kind: str) -> pd.Series:
+        frame = self.scores[name]
         key = (family, k, kind)
         return frame.loc[key]["score"] if key in frame.index.droplevel("seed") else pd.Series(dtype=float)
 
+    def chosen_cells(self, family: str, k: int) -> pd.Series:
+        return self.scores["final"].loc[(family, k, "tuned")]["cell"]
+
+    @staticmethod
     def diff(a: pd.Series, b: pd.Series, signed: bool = True) -> str:
         n, mean, low, high = paired_difference(a, b)
         return f"{interval_text(mean, low, high, '+.2f' if signed else '.2f')} ({n})" if n else "—"
 
-    def mean_ci(values: pd.Series) -> str:  # a mean's interval: the paired difference from 0
-        return diff(values, pd.Series(0.0, index=values.index), signed=False)
+    def mean_ci(self, values: pd.Series) -> str:  # a mean's interval: the paired difference from 0
+        return self.diff(values, pd.Series(0.0, index=values.index), signed=False)
 
+
+def _selection_free_section(
+    runs: pd.DataFrame, lags: list[int], two: list[str], single: list[str], baselines: list[str]
+) -> list[str]:
+    """(d) tuned and untuned scores of every method (and of the baselines chosen among themselves the same way),
+    each two-channel method against each baseline, and the two-channel methods against each other."""
+    rivals = [*baselines, *([CHOSEN_BASELINE] if len(baselines) > 1 else [])]
+    families = {m: [m] for m in [*two, *single, *baselines]} | (
+        {CHOSEN_BASELINE: baselines} if len(baselines) > 1 else {}
+    )
+    scores = _SelectionFree(runs, families)
+    return [
+        *_tuned_table(scores, families, lags, [*two, *single]),
+        *_against_baselines(scores, lags, two, rivals),
+        *(_against_each_other(scores, lags, two) if len(two) > 1 else []),
+    ]
+
+
+def _tuned_table(scores: _SelectionFree, families: dict, lags: list[int], banded: list[str]) -> list[str]:
     out = [
         "\n#### (d) Free of selection: tuned (bands chosen on the other seeds) and untuned (mean over the cells)\n",
         "Per seed, *tuned* scores the cell with the best mean over the other seeds (leave-one-seed-out), so a "
@@ -286,22 +334,30 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
     ]
     for family in families:
         for k in lags:
-            tuned = series("final", family, k, "tuned")
+            tuned = scores.series("final", family, k, "tuned")
             if tuned.empty:
                 continue
-            chosen = scores["final"].loc[(family, k, "tuned")]["cell"]
-            cells = "; ".join(f"{s}: {c.removeprefix(family).strip() or '='}" for s, c in chosen.items())
-            banded = family in two or family in single
-            untuned = [mean_ci(series(n, family, k, "untuned")) if banded else "=" for n in ("final", "AUC")]
-            out.append(
-                f"| {family} | {k} | {mean_ci(tuned)} | {mean_ci(series('AUC', family, k, 'tuned'))} | "
-                f"{cells if banded or family == chosen_baseline else '='} | {untuned[0]} | {untuned[1]} |"
+            chosen = "; ".join(
+                f"{s}: {c.removeprefix(family).strip() or '='}" for s, c in scores.chosen_cells(family, k).items()
             )
-    rivals = [*baselines, *([chosen_baseline] if len(baselines) > 1 else [])]
+            has_bands = family in banded
+            untuned = [
+                scores.mean_ci(scores.series(n, family, k, "untuned")) if has_bands else "=" for n in ("final", "AUC")
+            ]
+            out.append(
+                f"| {family} | {k} | {scores.mean_ci(tuned)} | "
+                f"{scores.mean_ci(scores.series('AUC', family, k, 'tuned'))} | "
+                f"{chosen if has_bands or family == CHOSEN_BASELINE else '='} | {untuned[0]} | {untuned[1]} |"
+            )
+    return out
+
+
+def _against_baselines(scores: _SelectionFree, lags: list[int], two: list[str], rivals: list[str]) -> list[str]:
+    out = []
     for name in ("final", "AUC"):
         for k in lags:
-            present = [b for b in rivals if not series(name, b, k, "tuned").empty]
-            if not present or all(series(name, m, k, "tuned").empty for m in two):
+            present = [b for b in rivals if not scores.series(name, b, k, "tuned").empty]
+            if not present or all(scores.series(name, m, k, "tuned").empty for m in two):
                 continue
             out += [
                 f"\nTuned {name} of each two-channel method minus each baseline at k = {k}, paired by seed (a seed "
@@ -310,25 +366,26 @@ def _selection_free_section(  # noqa: C901 — one table per claim row kind; spl
                 "|---|" + "---|" * len(present),
             ]
             for m in two:
-                out.append(
-                    f"| {m} | "
-                    + " | ".join(diff(series(name, m, k, "tuned"), series(name, b, k, "tuned")) for b in present)
-                    + " |"
-                )
-    if len(two) > 1:
-        out += [
-            "\nTwo-channel methods against each other, paired by seed: difference [95 % t CI] (seeds).\n",
-            "| comparison | k | tuned final | tuned AUC | untuned final | untuned AUC |",
-            "|---|---|---|---|---|---|",
-        ]
-        for i, a in enumerate(two):
-            for b in two[i + 1 :]:
-                for k in lags:
-                    cols = [
-                        diff(series(name, a, k, kind), series(name, b, k, kind))
-                        for kind in ("tuned", "untuned")
-                        for name in ("final", "AUC")
-                    ]
-                    if any(c != "—" for c in cols):
-                        out.append(f"| {a} − {b} | {k} | " + " | ".join(cols) + " |")
+                mine = scores.series(name, m, k, "tuned")
+                cells = (scores.diff(mine, scores.series(name, b, k, "tuned")) for b in present)
+                out.append(f"| {m} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _against_each_other(scores: _SelectionFree, lags: list[int], two: list[str]) -> list[str]:
+    out = [
+        "\nTwo-channel methods against each other, paired by seed: difference [95 % t CI] (seeds).\n",
+        "| comparison | k | tuned final | tuned AUC | untuned final | untuned AUC |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, a in enumerate(two):
+        for b in two[i + 1 :]:
+            for k in lags:
+                cols = [
+                    scores.diff(scores.series(name, a, k, kind), scores.series(name, b, k, kind))
+                    for kind in ("tuned", "untuned")
+                    for name in ("final", "AUC")
+                ]
+                if any(c != "—" for c in cols):
+                    out.append(f"| {a} − {b} | {k} | " + " | ".join(cols) + " |")
     return out
