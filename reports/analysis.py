@@ -456,8 +456,8 @@ def _time_to_collapse(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Kaplan–Meier estimate, per (method, k), of the share of scored runs not yet collapsed at each learner step
     (scipy.stats.ecdf over right-censored times: a run that did not collapse is censored where it ended), with its
-    pointwise log-log interval (`_clustered_log_log`: a grid's runs of one seed count as one). Each curve starts at
-    step 0 with every run and ends at its longest run."""
+    pointwise log-log interval (`_clustered_log_log`: a seed's runs are not counted as independent). Each curve
+    starts at step 0 with every run and ends at its longest run."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
@@ -495,8 +495,12 @@ def _clustered_log_log(
 ) -> tuple[float, float]:
     """The log-log interval of a Kaplan–Meier value S at `step`, S^exp(±z σ), σ² = per_seed · Greenwood's
     Σ d / (n (n − d)) / log² S over the collapse steps up to it. With one run a seed (per_seed 1) it is scipy's
-    `confidence_interval(method="log-log")`; a grid's cells share each seed's draws, so its runs are not independent:
-    the variance is multiplied by the runs a seed has (the design effect's bound, as if each seed's runs were one run).
+    `confidence_interval(method="log-log")`. Runs of one seed (a grid's cells, replicates) share its draws, so they are
+    not independent: the variance is multiplied by the most runs any seed has — the design effect's bound (each seed's
+    runs perfectly correlated), exact when a seed's runs ran alike and conservative otherwise, looser where seeds
+    have unequal numbers of runs (Σm²/Σm would do under perfect correlation). No maintained Python library gives a
+    cluster-robust Kaplan–Meier interval (lifelines and statsmodels have none), and with ~5 seeds a sandwich or
+    seed bootstrap would under-cover.
     At S = 0 the log-log interval is not defined: NaN, as scipy gives."""
     if surviving <= 0.0:
         return math.nan, math.nan

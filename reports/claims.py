@@ -160,13 +160,15 @@ def _best_sections(
     }
     return [
         *_best_cell_table(best, method_bands(runs), lags, methods),
-        *_best_against_baselines(best, lags, two, baselines),
+        *_best_vs_best_baseline(best, lags, two, baselines),
         *_stability_table(runs, max(lags), methods),
         *_region_table(cells, lags, [*two, *single]),
     ]
 
 
-def _best_cell_table(best: dict[tuple, pd.Series], has: dict, lags: list[int], methods: list[str]) -> list[str]:
+def _best_cell_table(
+    best: dict[tuple, pd.Series], has: dict[str, tuple[bool, bool]], lags: list[int], methods: list[str]
+) -> list[str]:
     out = ["#### (b) Best cell per method and k (final accuracy, seed mean [95 % CI]; collapse rate)\n"]
     out.append("| method | " + " | ".join(f"k={k}" for k in lags) + " |")
     out.append("|---|" + "---|" * len(lags))
@@ -187,7 +189,7 @@ def _best_cell_table(best: dict[tuple, pd.Series], has: dict, lags: list[int], m
     return out
 
 
-def _best_against_baselines(
+def _best_vs_best_baseline(
     best: dict[tuple, pd.Series], lags: list[int], two: list[str], baselines: list[str]
 ) -> list[str]:
     out = [
@@ -311,19 +313,18 @@ def _selection_free_section(
 ) -> list[str]:
     """(d) tuned and untuned scores of every method (and of the baselines chosen among themselves the same way),
     each two-channel method against each baseline, and the two-channel methods against each other."""
-    rivals = [*baselines, *([CHOSEN_BASELINE] if len(baselines) > 1 else [])]
-    families = {m: [m] for m in [*two, *single, *baselines]} | (
-        {CHOSEN_BASELINE: baselines} if len(baselines) > 1 else {}
-    )
-    scores = _SelectionFree(runs, families)
+    chosen = {CHOSEN_BASELINE: baselines} if len(baselines) > 1 else {}  # the baselines chosen among themselves
+    families = {m: [m] for m in [*two, *single, *baselines]} | chosen
+    rivals = [*baselines, *chosen]
+    sel = _SelectionFree(runs, families)
     return [
-        *_tuned_table(scores, families, lags, [*two, *single]),
-        *_against_baselines(scores, lags, two, rivals),
-        *(_against_each_other(scores, lags, two) if len(two) > 1 else []),
+        *_tuned_table(sel, families, lags, [*two, *single]),
+        *_tuned_vs_baselines(sel, lags, two, rivals),
+        *(_against_each_other(sel, lags, two) if len(two) > 1 else []),
     ]
 
 
-def _tuned_table(scores: _SelectionFree, families: dict, lags: list[int], banded: list[str]) -> list[str]:
+def _tuned_table(sel: _SelectionFree, families: dict, lags: list[int], banded: list[str]) -> list[str]:
     out = [
         "\n#### (d) Free of selection: tuned (bands chosen on the other seeds) and untuned (mean over the cells)\n",
         "Per seed, *tuned* scores the cell with the best mean over the other seeds (leave-one-seed-out), so a "
@@ -334,30 +335,28 @@ def _tuned_table(scores: _SelectionFree, families: dict, lags: list[int], banded
     ]
     for family in families:
         for k in lags:
-            tuned = scores.series("final", family, k, "tuned")
+            tuned = sel.series("final", family, k, "tuned")
             if tuned.empty:
                 continue
             chosen = "; ".join(
-                f"{s}: {c.removeprefix(family).strip() or '='}" for s, c in scores.chosen_cells(family, k).items()
+                f"{s}: {c.removeprefix(family).strip() or '='}" for s, c in sel.chosen_cells(family, k).items()
             )
             has_bands = family in banded
-            untuned = [
-                scores.mean_ci(scores.series(n, family, k, "untuned")) if has_bands else "=" for n in ("final", "AUC")
-            ]
+            untuned = [sel.mean_ci(sel.series(n, family, k, "untuned")) if has_bands else "=" for n in ("final", "AUC")]
             out.append(
-                f"| {family} | {k} | {scores.mean_ci(tuned)} | "
-                f"{scores.mean_ci(scores.series('AUC', family, k, 'tuned'))} | "
+                f"| {family} | {k} | {sel.mean_ci(tuned)} | "
+                f"{sel.mean_ci(sel.series('AUC', family, k, 'tuned'))} | "
                 f"{chosen if has_bands or family == CHOSEN_BASELINE else '='} | {untuned[0]} | {untuned[1]} |"
             )
     return out
 
 
-def _against_baselines(scores: _SelectionFree, lags: list[int], two: list[str], rivals: list[str]) -> list[str]:
+def _tuned_vs_baselines(sel: _SelectionFree, lags: list[int], two: list[str], rivals: list[str]) -> list[str]:
     out = []
     for name in ("final", "AUC"):
         for k in lags:
-            present = [b for b in rivals if not scores.series(name, b, k, "tuned").empty]
-            if not present or all(scores.series(name, m, k, "tuned").empty for m in two):
+            present = [b for b in rivals if not sel.series(name, b, k, "tuned").empty]
+            if not present or all(sel.series(name, m, k, "tuned").empty for m in two):
                 continue
             out += [
                 f"\nTuned {name} of each two-channel method minus each baseline at k = {k}, paired by seed (a seed "
@@ -366,13 +365,13 @@ def _against_baselines(scores: _SelectionFree, lags: list[int], two: list[str], 
                 "|---|" + "---|" * len(present),
             ]
             for m in two:
-                mine = scores.series(name, m, k, "tuned")
-                cells = (scores.diff(mine, scores.series(name, b, k, "tuned")) for b in present)
-                out.append(f"| {m} | " + " | ".join(cells) + " |")
+                mine = sel.series(name, m, k, "tuned")
+                diffs = (sel.diff(mine, sel.series(name, b, k, "tuned")) for b in present)
+                out.append(f"| {m} | " + " | ".join(diffs) + " |")
     return out
 
 
-def _against_each_other(scores: _SelectionFree, lags: list[int], two: list[str]) -> list[str]:
+def _against_each_other(sel: _SelectionFree, lags: list[int], two: list[str]) -> list[str]:
     out = [
         "\nTwo-channel methods against each other, paired by seed: difference [95 % t CI] (seeds).\n",
         "| comparison | k | tuned final | tuned AUC | untuned final | untuned AUC |",
@@ -382,7 +381,7 @@ def _against_each_other(scores: _SelectionFree, lags: list[int], two: list[str])
         for b in two[i + 1 :]:
             for k in lags:
                 cols = [
-                    scores.diff(scores.series(name, a, k, kind), scores.series(name, b, k, kind))
+                    sel.diff(sel.series(name, a, k, kind), sel.series(name, b, k, kind))
                     for kind in ("tuned", "untuned")
                     for name in ("final", "AUC")
                 ]

@@ -206,8 +206,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "predicting the mean return — where returns barely vary (accuracy near 0 or 1) a small error reads far below 0.",
     "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
     "collapsed by that learner step, Kaplan–Meier style — a run that never collapsed counts until it ended. Lines on "
-    "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval (for a grid, whose "
-    "cells share each seed's draws, it counts a seed's runs as one run: wider than if they were independent).",
+    "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval. A seed's runs (a "
+    "grid's cells) share its draws, so the interval's variance is multiplied by the most runs any seed has: as wide "
+    "as one run a seed when they ran alike, conservative otherwise.",
     "step-time": "Bars: seconds per learner step, averaged over the runs of each method, k and runtime; whiskers: "
     "the sd over those runs (none for a single run).",
 }

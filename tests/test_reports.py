@@ -743,6 +743,32 @@ def test_survival_interval_is_scipys_for_one_run_a_seed_and_counts_a_seeds_cells
     assert (naive.low.probabilities[at] > one["low"].to_numpy() + 0.05).all()  # Greenwood over 15 "independent" runs
 
 
+def test_survival_interval_with_unequal_runs_a_seed_uses_the_most_a_seed_has_and_is_undefined_at_zero():
+    """Seed 0 with three runs, seeds 1–4 with one (a collapse and a censoring tied at step 300): the log-log interval's
+    σ is Greenwood's over the seven runs times √3, so from scipy's interval over them, S^exp(z σ) becomes
+    S^((log low / log S)^√3). A method whose every run collapsed reaches S = 0, where the interval is not defined."""
+    times = [(120, True), (120, True), (300, False), (300, True), (450, True), (600, False), (600, False)]
+    seeds = [0, 0, 0, 1, 2, 3, 4]
+    records = [
+        trial(f"r{i}", tp, 1.0, 32, seed, 0.6, collapsed=hit, collapse_step=step if hit else None, steps=step)
+        for i, ((step, hit), seed, tp) in enumerate(zip(times, seeds, [1.5, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]))
+    ]
+    surv = analysis.survival(frame(records)).iloc[1:4]
+    t, hit = np.array([s for s, _ in times], float), np.array([h for _, h in times])
+    sf = stats.ecdf(stats.CensoredData.right_censored(t, ~hit)).sf
+    ci = sf.confidence_interval(0.95, method="log-log")
+    at = np.isin(sf.quantiles, [120, 300, 450])
+    S, low, high = sf.probabilities[at], ci.low.probabilities[at], ci.high.probabilities[at]
+    assert surv["at_risk"].tolist() == [7, 5, 3]
+    assert surv["surviving"].tolist() == pytest.approx(S, abs=1e-12)
+    assert surv["low"].tolist() == pytest.approx(S ** ((np.log(low) / np.log(S)) ** np.sqrt(3)), abs=1e-12)
+    assert surv["high"].tolist() == pytest.approx(S ** ((np.log(high) / np.log(S)) ** np.sqrt(3)), abs=1e-12)
+
+    gone = [trial(f"g{s}", 4.0, 1.0, 32, s, 0.6, collapsed=True, collapse_step=100 * (s + 1)) for s in range(2)]
+    end = analysis.survival(frame(gone)).iloc[-1]
+    assert end["surviving"] == 0.0 and math.isnan(end["low"]) and math.isnan(end["high"])
+
+
 def test_late_half_auc_is_the_mean_accuracy_over_the_second_half():
     # accuracy = step / 1000, evaluated every 100 steps: over steps 500..1000 its mean is (0.5 + 1.0) / 2
     rising = pd.DataFrame({"step": range(0, 1001, 100), "value": [s / 1000 for s in range(0, 1001, 100)]})
