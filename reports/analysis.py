@@ -456,19 +456,19 @@ def _time_to_collapse(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Kaplan–Meier estimate, per (method, k), of the share of scored runs not yet collapsed at each learner step
     (scipy.stats.ecdf over right-censored times: a run that did not collapse is censored where it ended), with its
-    pointwise log-log interval (`_clustered_log_log`: a seed's runs are not counted as independent). Each curve
+    pointwise log-log interval (`_clustered_log_log`: a seed's runs are not taken as independent). Each curve
     starts at step 0 with every run and ends at its longest run."""
     scored = runs[runs["scored"] & (runs["steps"] > 0)]
     rows = []
     for (method, k), g in scored.groupby(["method", "staleness"], sort=True):
         times, censored = _time_to_collapse(g)
+        seeds = g["seed"].to_numpy()
         rows.append(dict(method=method, staleness=k, step=0, surviving=1.0, low=1.0, high=1.0, at_risk=len(g)))
         if (~censored).any():
             sf = stats.ecdf(stats.CensoredData.right_censored(times, censored)).sf
-            per_seed = int(g.groupby("seed").size().max())
             for step, value in zip(sf.quantiles, sf.probabilities):
                 if (times[~censored] == step).any():  # a step where a run collapsed (censoring steps change nothing)
-                    low, high = _clustered_log_log(times, censored, step, value, per_seed, level)
+                    low, high = _clustered_log_log(times, censored, seeds, step, value, level)
                     rows.append(
                         dict(
                             method=method,
@@ -491,24 +491,29 @@ def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
 
 
 def _clustered_log_log(
-    times: np.ndarray, censored: np.ndarray, step: float, surviving: float, per_seed: int, level: float
+    times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, step: float, surviving: float, level: float
 ) -> tuple[float, float]:
-    """The log-log interval of a Kaplan–Meier value S at `step`, S^exp(±z σ), σ² = per_seed · Greenwood's
-    Σ d / (n (n − d)) / log² S over the collapse steps up to it. With one run a seed (per_seed 1) it is scipy's
-    `confidence_interval(method="log-log")`. Runs of one seed (a grid's cells, replicates) share its draws, so they are
-    not independent: the variance is multiplied by the most runs any seed has — the design effect's bound (each seed's
-    runs perfectly correlated), exact when a seed's runs ran alike and conservative otherwise, looser where seeds
-    have unequal numbers of runs (Σm²/Σm would do under perfect correlation). No maintained Python library gives a
-    cluster-robust Kaplan–Meier interval (lifelines and statsmodels have none), and with ~5 seeds a sandwich or
-    seed bootstrap would under-cover.
-    At S = 0 the log-log interval is not defined: NaN, as scipy gives."""
+    """The log-log interval of a Kaplan–Meier value S at `step`: S^exp(±z σ), σ² = deff · Greenwood's Σ d / (n (n − d))
+    over the collapse steps up to it, / log² S. With one run a seed deff = 1: scipy's
+    `confidence_interval(method="log-log")`. Runs of one seed (a grid's cells, replicates) share its draws, so they
+    may not be independent: deff is the seed-clustered (sandwich) variance of the cumulative hazard over the
+    independent one — each run's influence Σ_e [collapsed at e − at risk at e · d_e / n_e] / n_e summed within its seed,
+    then squared — floored at 1 (never narrower than Greenwood's) and capped at the most runs a seed has (its runs
+    perfectly correlated: then each seed counts as one run, and deff reaches the cap). No maintained Python library
+    gives a cluster-robust Kaplan–Meier interval (lifelines and statsmodels have none). At S = 0 the log-log interval
+    is not defined: NaN, as scipy gives."""
     if surviving <= 0.0:
         return math.nan, math.nan
     events = np.unique(times[~censored & (times <= step)])
     at_risk = np.array([(times >= t).sum() for t in events], float)
     died = np.array([((times == t) & ~censored).sum() for t in events], float)
     greenwood = float(np.sum(died / (at_risk * (at_risk - died))))
-    spread = stats.norm.ppf(0.5 + level / 2) * math.sqrt(per_seed * greenwood) / abs(math.log(surviving))
+    collapsed_at = (times[:, None] == events[None, :]) & ~censored[:, None]  # [runs, events]
+    influence = ((collapsed_at - (times[:, None] >= events[None, :]) * died / at_risk) / at_risk).sum(axis=1)
+    clustered = pd.Series(influence).groupby(seeds).sum().pow(2).sum()
+    most = int(pd.Series(seeds).value_counts().max())
+    deff = min(max(clustered / float(np.sum(influence**2)), 1.0), most)
+    spread = stats.norm.ppf(0.5 + level / 2) * math.sqrt(deff * greenwood) / abs(math.log(surviving))
     return surviving ** math.exp(spread), surviving ** math.exp(-spread)
 
 

@@ -207,8 +207,8 @@ HOW_TO_READ = {  # one sentence under each figure
     "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
     "collapsed by that learner step, Kaplan–Meier style — a run that never collapsed counts until it ended. Lines on "
     "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval. A seed's runs (a "
-    "grid's cells) share its draws, so the interval's variance is multiplied by the most runs any seed has: as wide "
-    "as one run a seed when they ran alike, conservative otherwise.",
+    "grid's cells) share its draws: the interval widens by how much they collapsed together (a seed-clustered "
+    "variance, never below the independent one, at most as if each seed were one run).",
     "step-time": "Bars: seconds per learner step, averaged over the runs of each method, k and runtime; whiskers: "
     "the sd over those runs (none for a single run).",
 }

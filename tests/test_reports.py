@@ -743,26 +743,35 @@ def test_survival_interval_is_scipys_for_one_run_a_seed_and_counts_a_seeds_cells
     assert (naive.low.probabilities[at] > one["low"].to_numpy() + 0.05).all()  # Greenwood over 15 "independent" runs
 
 
-def test_survival_interval_with_unequal_runs_a_seed_uses_the_most_a_seed_has_and_is_undefined_at_zero():
-    """Seed 0 with three runs, seeds 1–4 with one (a collapse and a censoring tied at step 300): the log-log interval's
-    σ is Greenwood's over the seven runs times √3, so from scipy's interval over them, S^exp(z σ) becomes
-    S^((log low / log S)^√3). A method whose every run collapsed reaches S = 0, where the interval is not defined."""
-    times = [(120, True), (120, True), (300, False), (300, True), (450, True), (600, False), (600, False)]
-    seeds = [0, 0, 0, 1, 2, 3, 4]
-    records = [
-        trial(f"r{i}", tp, 1.0, 32, seed, 0.6, collapsed=hit, collapse_step=step if hit else None, steps=step)
-        for i, ((step, hit), seed, tp) in enumerate(zip(times, seeds, [1.5, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]))
-    ]
-    surv = analysis.survival(frame(records)).iloc[1:4]
-    t, hit = np.array([s for s, _ in times], float), np.array([h for _, h in times])
-    sf = stats.ecdf(stats.CensoredData.right_censored(t, ~hit)).sf
-    ci = sf.confidence_interval(0.95, method="log-log")
-    at = np.isin(sf.quantiles, [120, 300, 450])
-    S, low, high = sf.probabilities[at], ci.low.probabilities[at], ci.high.probabilities[at]
-    assert surv["at_risk"].tolist() == [7, 5, 3]
-    assert surv["surviving"].tolist() == pytest.approx(S, abs=1e-12)
-    assert surv["low"].tolist() == pytest.approx(S ** ((np.log(low) / np.log(S)) ** np.sqrt(3)), abs=1e-12)
-    assert surv["high"].tolist() == pytest.approx(S ** ((np.log(high) / np.log(S)) ** np.sqrt(3)), abs=1e-12)
+def test_survival_interval_takes_the_seeds_correlation_from_the_runs_between_independent_and_one_run_a_seed():
+    """Seed A's two runs collapse at steps 100 and 150, seed B's two end at 200 without. At step 150 (S = 3/4 · 2/3 =
+    1/2, Greenwood 1/(4·3) + 1/(3·2) = 1/4) each run's influence on the cumulative hazard, in 144ths: A1 (1 − 1/4)/4 =
+    27, A2 −(1/4)/4 + (1 − 1/3)/3 = 23, B1 and B2 −(1/4)/4 − (1/3)/3 = −25 each: independent 27² + 23² + 2·25² = 2,508,
+    by seed 50² + 50² = 5,000, so deff = 5,000 / 2,508 (below the cap of 2 runs a seed). Seed B's runs collapsing apart
+    instead (one at 100 in each seed) reads them as independent: deff would be below 1 and is floored there.
+    A method whose every run collapsed reaches S = 0, where the interval is not defined."""
+    z = stats.norm.ppf(0.975)
+
+    def interval(surviving, greenwood, deff):
+        spread = z * math.sqrt(deff * greenwood) / abs(math.log(surviving))
+        return surviving ** math.exp(spread), surviving ** math.exp(-spread)
+
+    def runs(collapses):  # (seed, collapse step or None) a run; a run that does not collapse ends at step 200
+        return frame(
+            [
+                trial(f"r{i}", 4.0, tau_a, 32, seed, 0.6, collapsed=at is not None, collapse_step=at, steps=at or 200)
+                for i, ((seed, at), tau_a) in enumerate(zip(collapses, [1.0, 2.0, 1.0, 2.0]))
+            ]
+        )
+
+    together = analysis.survival(runs([(0, 100), (0, 150), (1, None), (1, None)])).set_index("step")
+    assert together.loc[150, "surviving"] == pytest.approx(0.5, abs=1e-12)
+    low, high = interval(0.5, 1 / 4, 5000 / 2508)
+    assert together.loc[150, ["low", "high"]].tolist() == pytest.approx([low, high], abs=1e-12)
+    # step 100: A1 (1 − 1/4)/4 = 3/16, the others −1/16: independent 12/256, by seed (2/16)² + (2/16)² = 8/256 → 1
+    assert together.loc[100, ["low", "high"]].tolist() == pytest.approx(interval(0.75, 1 / 12, 1.0), abs=1e-12)
+    apart = analysis.survival(runs([(0, 100), (0, None), (1, 100), (1, None)])).set_index("step")
+    assert apart.loc[100, ["low", "high"]].tolist() == pytest.approx(interval(0.5, 2 / (4 * 2), 1.0), abs=1e-12)
 
     gone = [trial(f"g{s}", 4.0, 1.0, 32, s, 0.6, collapsed=True, collapse_step=100 * (s + 1)) for s in range(2)]
     end = analysis.survival(frame(gone)).iloc[-1]
