@@ -706,8 +706,16 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
     tables list them) and a baseline a column: blue above ½, red below, white at ½ (a coin flip), each cell's text the
     estimate and its 95 % interval. `improve` is `reports.analysis.improvement_table`'s frame."""
     matrices = improvement_matrices(improve)
+    panels = [22 + 48 * len(p.index) for p, _, _ in matrices.values()]  # px: a row of cells a reading
+    # px under a panel: its baselines' names, slanted, and the next panel's title
+    gap = 40 + 5 * max(len(b) for p, _, _ in matrices.values() for b in p.columns)
+    plot = sum(panels) + gap * (len(panels) - 1)
     fig = make_subplots(
-        rows=len(matrices), cols=1, subplot_titles=[f"k = {k}" for k in matrices], vertical_spacing=0.12
+        rows=len(matrices),
+        cols=1,
+        subplot_titles=[f"k = {k}" for k in matrices],
+        row_heights=panels,
+        vertical_spacing=gap / plot,
     )
     for row, (k, (p, low, high)) in enumerate(matrices.items(), start=1):
         text = [[_improvement_cell(p.at[m, b], low.at[m, b], high.at[m, b], True) for b in p.columns] for m in p.index]
@@ -738,8 +746,8 @@ def improvement_heatmaps(improve: pd.DataFrame) -> go.Figure:
         fig.update_yaxes(autorange="reversed", row=row, col=1)
     fig.update_layout(
         title="Probability of improvement: a run of the reading (row) ends above a run of the baseline (column)",
-        height=max(300, sum(70 + 48 * len(p.index) for p, _, _ in matrices.values()) + 100),
-        margin={"l": 170, "t": 90},
+        height=plot + 90 + gap,
+        margin={"l": 170, "t": 90, "b": gap},
     )
     return fig
 

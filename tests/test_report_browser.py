@@ -456,6 +456,52 @@ def test_probability_of_improvement_reads_as_a_reading_by_baseline_matrix_per_la
     assert browser.execute_script("return document.querySelectorAll('#iqm .points path.point').length") == 5
 
 
+def test_improvement_panels_keep_the_baselines_names_clear_of_the_next_lag(browser, tmp_path):
+    """Three readings against the registry's 13 baselines at two lags (the regime reports' shape): the upper panel's
+    slanted baseline names end above the lower panel's title, which ends above its cells (at 48 px a reading, the
+    tool-math report's k = 8 names ran under the k = 32 title)."""
+    from reports.frames import curves_frame
+    from reports.html import ReportData
+    from tests.report_records import trial
+    from tests.test_reports import frame
+
+    baselines = (
+        "a3po async_ppo async_ppo_recompute cispo decoupled_ppo geo_rs icepop m2po seq_mis seq_tis tis vcpo vtrace"
+    )
+    records = [
+        trial(f"{m}-{k}-{s}", None, None, k, s, 0.5 + 0.01 * s + 0.001 * i, method=m)
+        for i, m in enumerate(baselines.split())
+        for k in (8, 32)
+        for s in range(3)
+    ]
+    records += [
+        trial(f"{r}-{k}-{s}-{tp}-{ta}", tp, ta, k, s, 0.6 - 0.01 * s, method=f"copc[{r}]")
+        for r in ("behavior", "interpolated", "recomputed")
+        for k in (8, 32)
+        for s in range(3)
+        for tp in (1.5, 4.0)
+        for ta in (1.0, 2.0)
+    ]
+    data = ReportData(title="panels", runs=frame(records), curves=curves_frame(records), sources={}, n_boot=50)
+    path = tmp_path / "report.html"
+    path.write_text(render(data), encoding="utf-8")
+    browser.set_window_size(1400, 1000)
+    browser.get(path.as_uri())
+    boxes = browser.execute_script(
+        """const f = document.getElementById('improvement');
+        f.scrollIntoView();
+        const box = e => e.getBoundingClientRect();
+        const title = [...f.querySelectorAll('.annotation-text')].find(a => a.textContent === 'k = 32');
+        return {names: [...f.querySelectorAll('.xtick text')].map(t => [t.textContent, box(t).top, box(t).bottom]),
+                title: [box(title).top, box(title).bottom],
+                cells: [...f.querySelectorAll('.hm image')].map(i => box(i).top)};"""
+    )
+    first_panel = boxes["names"][:13]  # the k = 8 panel's axis comes first
+    assert [name for name, _, _ in first_panel] == baselines.split()
+    assert max(bottom for _, _, bottom in first_panel) < boxes["title"][0]
+    assert boxes["title"][1] <= sorted(boxes["cells"])[1]  # the k = 32 cells start under their title
+
+
 def test_a_wide_claims_table_scrolls_in_its_box_not_the_page(browser, tmp_path):
     """The claims section's Markdown tables (a reading against 13 baselines is ~1,400 px wide) scroll inside their
     own box: the page is no wider than the window."""
