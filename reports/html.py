@@ -172,8 +172,9 @@ HOW_TO_READ = {  # one sentence under each figure
     "improvement": "Each square is the chance that a run of the reading (row) ends above a run of the baseline "
     "(column), ties counted half, with its 95 % interval: blue above ½, red below, white at ½ (a coin flip); bold "
     "where the interval leaves ½ out. An interval that holds ½ does not tell the two apart; these cover 86–91 % at 5 "
-    "seeds, and each reading meets every baseline here, so one bold cell among many is weak evidence (the claims "
-    "section's paired tests are corrected for the comparisons).",
+    "seeds, and each reading meets every baseline here, so one bold cell among many is weak evidence (so is one "
+    "paired interval in the claims section's tables against the baselines: they are not corrected for the "
+    "comparisons either; only its coupling tests are, by Holm).",
     "heatmap": "Each square is one (τ_p, τ_a) cell at one lag k: its colour is the seed-mean objective, red low to "
     "green high, on one scale for every heatmap of this report: from its lowest cell to its highest among those whose "
     f"runs did not all collapse, at least {figures.MIN_SPAN:g} wide (a small gap does not span the colours); a cell "
