@@ -19,6 +19,9 @@ A paired difference between two methods is a mean over seeds of per-seed differe
 distribution of differences; the scenarios with a shift in the seed's rate stand for it. Printed: coverage per
 kind and scenario with its Monte Carlo standard error, and the mean width; where runs collapse, the coverage of a
 cell read in two parts (collapse rate, mean of the others); and the coverage of a 2 × 2 interaction contrast.
+And the survival plot's pointwise interval (Kaplan–Meier, log-log) where the runs end, with Greenwood's variance
+taking every run as independent and with the report's seed-clustered one, on runs whose collapse steps share their
+seed's hazard (`--survival-only` prints that table alone).
 Nothing tuned: the figures are what a reader of the report should know about its intervals (docs/BENCHMARKS.md
 keeps the last run).
 """
@@ -51,6 +54,21 @@ SCENARIOS = [
     Scenario("search, collapse 10 %", 80, 0.65, 0.05, 0.10),
     Scenario("tool-math, collapse 20 %", 256, 0.95, 0.03, 0.20),
     Scenario("a paired difference (seed shift 0.04)", 80, 0.04, 0.05, 0.0),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SurvivalScenario:
+    name: str
+    runs_a_seed: int  # a grid's cells share a seed
+    collapse: float  # a typical seed's chance that a run collapses before it ends
+    frailty_sd: float  # sd of a seed's log-hazard: how much its runs collapse together (0: independently)
+
+
+SURVIVAL = [
+    SurvivalScenario("one run a seed, 20 % collapse", 1, 0.20, 0.0),
+    SurvivalScenario("12 cells a seed, 5 % collapse, runs independent", 12, 0.05, 0.0),
+    SurvivalScenario("12 cells a seed, 5 % collapse, seeds differ (log-hazard sd 1.5)", 12, 0.05, 1.5),
 ]
 
 
@@ -176,6 +194,34 @@ def aggregate_coverage(s: Scenario, seeds: int, replications: int, rng: np.rando
     return {"iqm": hits_iqm / replications, "p": hits_p / replications, "truth_iqm": truth_iqm, "truth_p": truth_p}
 
 
+def survival_coverage(
+    s: SurvivalScenario, seeds: int, replications: int, rng: np.random.Generator, steps: int = 300
+) -> dict:
+    """The survival plot's interval where the runs end (step `steps`): Kaplan–Meier over `seeds` × `runs_a_seed`
+    runs whose collapse steps are exponential with their seed's own hazard (a log-normal frailty), read with
+    Greenwood's log-log interval taking every run as independent (scipy's) and with the report's seed-clustered one
+    (reports.analysis._clustered_log_log). No collapse: S = 1 and the interval [1, 1], a miss (the truth is below 1)."""
+    from reports.analysis import _clustered_log_log
+
+    hazard = -np.log1p(-s.collapse) / steps
+    truth = float(np.mean(np.exp(-hazard * steps * np.exp(s.frailty_sd * rng.standard_normal(4_000_000)))))
+    seed_of = np.repeat(np.arange(seeds), s.runs_a_seed)
+    hits = {"independent": 0, "clustered": 0}
+    for _ in range(replications):
+        frailty = np.exp(s.frailty_sd * rng.standard_normal(seeds))
+        times = np.ceil(rng.exponential(1 / (hazard * frailty[seed_of])))
+        collapsed = times <= steps
+        if not collapsed.any():
+            continue
+        times = np.minimum(times, steps)
+        surviving = float(stats.ecdf(stats.CensoredData.right_censored(times, ~collapsed)).sf.evaluate(steps))
+        last = float(times[collapsed].max())
+        for kind, clusters in (("independent", np.arange(len(times))), ("clustered", seed_of)):
+            low, high = _clustered_log_log(times, ~collapsed, clusters, last, surviving, LEVEL)
+            hits[kind] += bool(low <= truth <= high)  # NaN (every run collapsed): a miss
+    return {"truth": truth} | {kind: n / replications for kind, n in hits.items()}
+
+
 def _table(title: str, header: list[str], rows) -> None:
     """A Markdown table, each row printed as soon as it is computed."""
     if title:
@@ -191,8 +237,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--replications", type=int, default=2000)
     parser.add_argument("--rng", type=int, default=0)
+    parser.add_argument("--survival-only", action="store_true", help="only the survival plot's interval")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.rng)
+    if args.survival_only:
+        return _survival_table(args.seeds, args.replications, rng)
     print(
         f"coverage of nominal {LEVEL:.0%} intervals of a seed mean, {args.seeds} seeds a cell, "
         f"{args.replications} cells a scenario ({N_BOOT} bootstrap resamples)"
@@ -237,7 +286,21 @@ def main(argv: list[str] | None = None) -> None:
             for r in [aggregate_coverage(s, n, reps, rng)]
         ),
     )
+    _survival_table(n, reps, rng)
     print(f"({time.perf_counter() - start:.0f} s)")
+
+
+def _survival_table(seeds: int, replications: int, rng: np.random.Generator) -> None:
+    _table(
+        f"the survival plot's interval where the runs end (step 300), {seeds} seeds, {replications} replications: "
+        "Kaplan–Meier, log-log",
+        ["scenario", "truth", "Greenwood, runs independent: coverage", "seed-clustered (the report's): coverage"],
+        (
+            [s.name, f"{r['truth']:.4f}", f"{r['independent']:.3f}", f"{r['clustered']:.3f}"]
+            for s in SURVIVAL
+            for r in [survival_coverage(s, seeds, replications, rng)]
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -282,6 +282,21 @@ def test_the_reports_intervals_cover_at_five_seeds():
     assert split["rate"] >= 0.93 and split["mean"] >= 0.93
 
 
+def test_the_survival_coverage_bench_reads_what_it_should():
+    """bench.coverage's survival figures, by what must hold whatever the draws: the seed-clustered interval contains
+    Greenwood's (its design effect is ≥ 1), so it covers at least as often; with one run a seed they are the same
+    interval; and with 5 runs at 20 % collapse, the 0.8⁵ = 33 % of draws without a collapse read [1, 1] and miss."""
+    from bench import coverage as cov
+
+    rng = np.random.default_rng(1)
+    one, _, frail = cov.SURVIVAL
+    single = cov.survival_coverage(one, 5, 500, rng)
+    assert single["truth"] == pytest.approx(0.8, abs=1e-9) and single["clustered"] == single["independent"]
+    assert single["clustered"] <= 1 - 0.8**5 + 0.07  # ~3 s.e. of the no-collapse share over 500 draws
+    grid = cov.survival_coverage(frail, 5, 300, rng)
+    assert grid["clustered"] >= grid["independent"]
+
+
 def test_high_performing_region_counts_cells_within_90_percent():
     means = {(0, 0): 1.0, (0, 1): 0.95, (1, 0): 0.9, (1, 1): 0.85}  # within 90 %: 1.0, 0.95, 0.9
     runs = frame(grid_records(lambda i, a, k: means[i, a], tps=(2, 4), tas=(1, 2), ks=(0,), seeds=(0,), noise=(0.0,)))
