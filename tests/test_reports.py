@@ -283,18 +283,16 @@ def test_the_reports_intervals_cover_at_five_seeds():
 
 
 def test_the_survival_coverage_bench_reads_what_it_should():
-    """bench.coverage's survival figures, by what must hold whatever the draws: the seed-clustered interval contains
-    Greenwood's (its design effect is ≥ 1), so it covers at least as often; with one run a seed they are the same
-    interval; and with 5 runs at 20 % collapse, the 0.8⁵ = 33 % of draws without a collapse read [1, 1] and miss."""
+    """bench.coverage's survival figures, by what must hold whatever the draws: with one run a seed and every run
+    ending at the same step, the report's interval is the binomial's exact one, which covers at least 95 % (± ~0.01
+    over 500 draws); Greenwood's log-log interval reads [1, 1] on the 0.8⁵ = 33 % of draws without a collapse, so it
+    covers at most ~67 %."""
     from bench import coverage as cov
 
-    rng = np.random.default_rng(1)
-    one, _, frail = cov.SURVIVAL
-    single = cov.survival_coverage(one, 5, 500, rng)
-    assert single["truth"] == pytest.approx(0.8, abs=1e-9) and single["clustered"] == single["independent"]
-    assert single["clustered"] <= 1 - 0.8**5 + 0.07  # ~3 s.e. of the no-collapse share over 500 draws
-    grid = cov.survival_coverage(frail, 5, 300, rng)
-    assert grid["clustered"] >= grid["independent"]
+    single = cov.survival_coverage(cov.SURVIVAL[0], 5, 500, np.random.default_rng(1))
+    assert single["truth"] == pytest.approx(0.8, abs=1e-9)
+    assert single["report"] >= 0.93
+    assert single["log-log"] <= 1 - 0.8**5 + 0.07  # ~3 s.e. of the no-collapse share over 500 draws
 
 
 def test_high_performing_region_counts_cells_within_90_percent():
@@ -724,10 +722,11 @@ def test_survival_is_kaplan_meier_over_runs_censored_where_they_ended():
     assert tis["step"].tolist() == [0, 1000] and tis["surviving"].tolist() == [1.0, 1.0]
 
 
-def test_survival_interval_is_scipys_for_one_run_a_seed_and_counts_a_seeds_cells_as_one_run():
-    """One run a seed: the interval is scipy's log-log (Greenwood) interval itself. A grid whose three cells at a seed
-    ran alike (the cells share the seed's draws: perfectly correlated) has the same Kaplan–Meier curve, and its interval
-    is the one of its five seeds alone — not the three-times-narrower one of 15 independent runs."""
+def test_survival_interval_is_the_binomials_exact_one_for_one_run_a_seed_and_a_seeds_alike_cells_count_once():
+    """Runs that all end at step 600, collapses at 120, 300 and 450 of five seeds' runs: with no censoring before a
+    step, Greenwood's variance is S (1 − S) / n, so the effective sample size is the five runs and the interval is
+    the binomial's exact one (scipy's binomtest) of the runs still standing. A grid whose three cells at a seed ran
+    alike (perfectly correlated) has the same curve and the same interval — not that of 15 independent runs."""
     collapses = [(120, True), (300, True), (600, False), (450, True), (600, False)]  # (step, collapsed) a seed
 
     def records(cells):
@@ -737,39 +736,35 @@ def test_survival_interval_is_scipys_for_one_run_a_seed_and_counts_a_seeds_cells
             for c, tp in enumerate([1.5, 2.0, 4.0][:cells])
         ]
 
-    times = np.array([step for step, _ in collapses], float)
-    events = np.array([hit for _, hit in collapses])
-    sf = stats.ecdf(stats.CensoredData.right_censored(times, ~events)).sf
-    ci = sf.confidence_interval(0.95, method="log-log")
-    at = np.isin(sf.quantiles, [120, 300, 450])
+    def exact(standing, n):
+        ci = stats.binomtest(standing, n).proportion_ci(0.95, method="exact")
+        return [ci.low, ci.high]
+
     one = analysis.survival(frame(records(1))).iloc[1:4]  # past step 0, before the end's repeat
     assert one["step"].tolist() == [120, 300, 450]
-    assert one["surviving"].tolist() == pytest.approx(sf.probabilities[at], abs=1e-12)
-    assert one["low"].tolist() == pytest.approx(ci.low.probabilities[at], abs=1e-12)
-    assert one["high"].tolist() == pytest.approx(ci.high.probabilities[at], abs=1e-12)
-
+    assert one["surviving"].tolist() == pytest.approx([0.8, 0.6, 0.4], abs=1e-12)
+    for row, standing in zip(one.itertuples(), [4, 3, 2]):
+        assert [row.low, row.high] == pytest.approx(exact(standing, 5), abs=1e-9)
     grid = analysis.survival(frame(records(3))).iloc[1:4]
     assert grid["at_risk"].tolist() == [15, 12, 9]
     for col in ("surviving", "low", "high"):
-        assert grid[col].tolist() == pytest.approx(one[col].tolist(), abs=1e-12)
-    naive = stats.ecdf(
-        stats.CensoredData.right_censored(np.repeat(times, 3), ~np.repeat(events, 3))
-    ).sf.confidence_interval(0.95, method="log-log")
-    assert (naive.low.probabilities[at] > one["low"].to_numpy() + 0.05).all()  # Greenwood over 15 "independent" runs
+        assert grid[col].tolist() == pytest.approx(one[col].tolist(), abs=1e-9)
+    assert exact(9, 15)[0] > one["low"].iloc[1] + 0.05  # what 15 independent runs would read at step 300
 
 
 def test_survival_interval_takes_the_seeds_correlation_from_the_runs_between_independent_and_one_run_a_seed():
     """Seed A's two runs collapse at steps 100 and 150, seed B's two end at 200 without. At step 150 (S = 3/4 · 2/3 =
     1/2, Greenwood 1/(4·3) + 1/(3·2) = 1/4) each run's influence on the cumulative hazard, in 144ths: A1 (1 − 1/4)/4 =
     27, A2 −(1/4)/4 + (1 − 1/3)/3 = 23, B1 and B2 −(1/4)/4 − (1/3)/3 = −25 each: independent 27² + 23² + 2·25² = 2,508,
-    by seed 50² + 50² = 5,000, so deff = 5,000 / 2,508 (below the cap of 2 runs a seed). Seed B's runs collapsing apart
-    instead (one at 100 in each seed) reads them as independent: deff would be below 1 and is floored there.
-    A method whose every run collapsed reaches S = 0, where the interval is not defined."""
-    z = stats.norm.ppf(0.975)
+    by seed 50² + 50² = 5,000, so the design effect is 5,000 / 2,508 (below the cap of 2 runs a seed) and the effective
+    sample size (1 − S) / (S · 1/4 · 5,000 / 2,508). At step 100 the design effect, 8/256 over 12/256, is floored at 1:
+    4 runs, 3 standing, the binomial's exact interval; so where the seeds' runs collapse apart. No collapse: the runs
+    at risk over the most a seed has; every run collapsed (S = 0): the same, 0 standing."""
 
-    def interval(surviving, greenwood, deff):
-        spread = z * math.sqrt(deff * greenwood) / abs(math.log(surviving))
-        return surviving ** math.exp(spread), surviving ** math.exp(-spread)
+    def exact(standing, n):  # Clopper–Pearson with fractional counts
+        low = stats.beta.ppf(0.025, standing, n - standing + 1) if standing > 0 else 0.0
+        high = stats.beta.ppf(0.975, standing + 1, n - standing) if standing < n else 1.0
+        return [low, high]
 
     def runs(collapses):  # (seed, collapse step or None) a run; a run that does not collapse ends at step 200
         return frame(
@@ -780,17 +775,19 @@ def test_survival_interval_takes_the_seeds_correlation_from_the_runs_between_ind
         )
 
     together = analysis.survival(runs([(0, 100), (0, 150), (1, None), (1, None)])).set_index("step")
+    n = (1 - 0.5) / (0.5 * 0.25 * 5000 / 2508)
     assert together.loc[150, "surviving"] == pytest.approx(0.5, abs=1e-12)
-    low, high = interval(0.5, 1 / 4, 5000 / 2508)
-    assert together.loc[150, ["low", "high"]].tolist() == pytest.approx([low, high], abs=1e-12)
-    # step 100: A1 (1 − 1/4)/4 = 3/16, the others −1/16: independent 12/256, by seed (2/16)² + (2/16)² = 8/256 → 1
-    assert together.loc[100, ["low", "high"]].tolist() == pytest.approx(interval(0.75, 1 / 12, 1.0), abs=1e-12)
+    assert together.loc[150, ["low", "high"]].tolist() == pytest.approx(exact(0.5 * n, n), abs=1e-9)
+    assert together.loc[100, ["low", "high"]].tolist() == pytest.approx(exact(3, 4), abs=1e-9)
     apart = analysis.survival(runs([(0, 100), (0, None), (1, 100), (1, None)])).set_index("step")
-    assert apart.loc[100, ["low", "high"]].tolist() == pytest.approx(interval(0.5, 2 / (4 * 2), 1.0), abs=1e-12)
+    assert apart.loc[100, ["low", "high"]].tolist() == pytest.approx(exact(2, 4), abs=1e-9)
+    calm = analysis.survival(runs([(0, None), (0, None), (1, None), (1, None)])).set_index("step")
+    assert calm.loc[200, ["surviving", "low", "high"]].tolist() == pytest.approx([1.0, *exact(2, 2)], abs=1e-9)
+    assert calm.loc[0, ["low", "high"]].tolist() == [1.0, 1.0]  # nothing has happened at step 0
 
     gone = [trial(f"g{s}", 4.0, 1.0, 32, s, 0.6, collapsed=True, collapse_step=100 * (s + 1)) for s in range(2)]
     end = analysis.survival(frame(gone)).iloc[-1]
-    assert end["surviving"] == 0.0 and math.isnan(end["low"]) and math.isnan(end["high"])
+    assert end["surviving"] == 0.0 and [end["low"], end["high"]] == pytest.approx(exact(0, 1), abs=1e-9)
 
 
 def test_late_half_auc_is_the_mean_accuracy_over_the_second_half():
