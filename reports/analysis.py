@@ -495,41 +495,54 @@ def survival(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
 def _survival_interval(
     times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, step: float, surviving: float, level: float
 ) -> tuple[float, float]:
-    """The exact interval of a Kaplan–Meier value S at `step` (Dorey & Korn 1987): Clopper–Pearson on its effective
-    sample size n = S (1 − S) / Var(S), with S·n runs surviving (fractional counts: the beta quantiles). Var(S) is
-    Greenwood's S² Σ d / (n (n − d)) over the collapse steps up to it, times the design effect of a seed's runs
-    (`_design_effect`). Without censoring and with one run a seed, n is the runs and this is the binomial exact
-    interval. Before any collapse (S = 1) and once every run collapsed (S = 0) Var(S) is 0: n is then the runs at
-    risk over the most runs a seed has (as if each seed's runs were one). An asymptotic log-log interval covered 62 %
-    at 5 runs (no collapse read [1, 1]; `python -m bench.coverage --survival-only`)."""
-    events = np.unique(times[~censored & (times <= step)])
-    if 0.0 < surviving < 1.0:
-        at_risk = np.array([(times >= t).sum() for t in events], float)
-        died = np.array([((times == t) & ~censored).sum() for t in events], float)
-        greenwood = float(np.sum(died / (at_risk * (at_risk - died))))
-        n = (1.0 - surviving) / (surviving * greenwood * _design_effect(times, censored, seeds, events))
-    else:
-        n = max(float((times >= step).sum()) / int(pd.Series(seeds).value_counts().max()), 1.0)
+    """An exact-style interval of a Kaplan–Meier value S at `step`: Clopper–Pearson on its effective number of runs
+    (`_effective_runs`) with S·n of them standing (fractional counts: the beta quantiles). Without censoring and with
+    one run a seed, n is the runs and this is the binomial exact interval. Greenwood's effective n serves both limits
+    (Dorey & Korn 1987 give it for the upper limit and Peto's for the lower). The asymptotic log-log interval the
+    report drew covered 62 % at 5 runs (no collapse read [1, 1]; `python -m bench.coverage --survival-only`)."""
+    n = _effective_runs(times, censored, seeds, step, surviving)
     alive, tail = surviving * n, (1.0 - level) / 2
     low = float(stats.beta.ppf(tail, alive, n - alive + 1)) if alive > 0 else 0.0
     high = float(stats.beta.ppf(1.0 - tail, alive + 1, n - alive)) if alive < n else 1.0
     return low, high
 
 
+def _effective_runs(times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, step: float, surviving: float) -> float:
+    """S (1 − S) / Var(S), Var(S) Greenwood's S² Σ d / (n (n − d)) over the collapse steps up to `step` times the
+    design effect of a seed's runs (`_design_effect`). Where Var(S) is 0: before any collapse (S = 1) the runs at risk
+    over the most runs a seed has (each seed's runs as one); once every run collapsed (S = 0) the n of the step before
+    (so the band narrows, never widens, at the last collapse), or, all at one step, as before any collapse."""
+    events = np.unique(times[~censored & (times <= step)])
+    if surviving <= 0.0 and len(events) > 1:
+        before = events[:-1]
+        at_risk, died = _risk_sets(times, censored, before)
+        return _effective_runs(times, censored, seeds, before[-1], float(np.prod(1.0 - died / at_risk)))
+    if not 0.0 < surviving < 1.0:
+        return max(float((times >= step).sum()) / int(pd.Series(seeds).value_counts().max()), 1.0)
+    at_risk, died = _risk_sets(times, censored, events)
+    greenwood = float(np.sum(died / (at_risk * (at_risk - died))))
+    return (1.0 - surviving) / (surviving * greenwood * _design_effect(times, censored, seeds, events))
+
+
+def _risk_sets(times: np.ndarray, censored: np.ndarray, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At each collapse step: the runs at risk (not ended before it) and the runs that collapsed at it."""
+    at_risk = np.array([(times >= t).sum() for t in events], float)
+    died = np.array([((times == t) & ~censored).sum() for t in events], float)
+    return at_risk, died
+
+
 def _design_effect(times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, events: np.ndarray) -> float:
     """How much a seed's runs moving together widens Greenwood's variance: the seed-clustered (sandwich) variance of
     the cumulative hazard over the independent one — each run's influence Σ_e [collapsed at e − at risk at e · d_e /
-    n_e] / n_e summed within its seed, then squared — floored at 1 (never narrower than for independent runs) and
-    capped at the most runs a seed has (its runs perfectly correlated: each seed counts as one run). One run a seed:
-    1. No maintained Python library gives a cluster-robust Kaplan–Meier variance (lifelines and statsmodels have
-    none)."""
-    at_risk = np.array([(times >= t).sum() for t in events], float)
-    died = np.array([((times == t) & ~censored).sum() for t in events], float)
+    n_e] / n_e summed within its seed, then squared — floored at 1 (never narrower than for independent runs). By
+    Cauchy–Schwarz it is at most the most runs a seed has (its runs perfectly correlated: each seed counts as one run);
+    one run a seed: 1. No maintained Python library gives a cluster-robust Kaplan–Meier variance (lifelines and
+    statsmodels have none)."""
+    at_risk, died = _risk_sets(times, censored, events)
     collapsed_at = (times[:, None] == events[None, :]) & ~censored[:, None]  # [runs, events]
     influence = ((collapsed_at - (times[:, None] >= events[None, :]) * died / at_risk) / at_risk).sum(axis=1)
     clustered = pd.Series(influence).groupby(seeds).sum().pow(2).sum()
-    most = int(pd.Series(seeds).value_counts().max())
-    return min(max(clustered / float(np.sum(influence**2)), 1.0), most)
+    return max(clustered / float(np.sum(influence**2)), 1.0)
 
 
 def late_half_auc(curve: pd.DataFrame, steps: int) -> float:

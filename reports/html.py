@@ -207,10 +207,10 @@ HOW_TO_READ = {  # one sentence under each figure
     "predicting the mean return — where returns barely vary (accuracy near 0 or 1) a small error reads far below 0.",
     "survival": "Each line is one method at one lag: the share of its runs (all its cells and seeds) that have not "
     "collapsed by that learner step, Kaplan–Meier style — a run that never collapsed counts until it ended. Lines on "
-    "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval: exact (Clopper–"
-    "Pearson) on the effective number of runs — 5 runs without a collapse read [0.48, 1]; a seed's runs (a grid's "
+    "top of each other at 1 are methods none of whose runs collapsed; hover for the 95 % interval: Clopper–"
+    "Pearson on the effective number of runs — 5 runs without a collapse read [0.48, 1]; a seed's runs (a grid's "
     "cells share its draws) count as fewer runs as far as they collapsed together, and as one run while none has. "
-    "It covers 92–99 % of the time in python -m bench.coverage --survival-only.",
+    "It covers ~90–99 % of the time in python -m bench.coverage --survival-only.",
     "step-time": "Bars: seconds per learner step, averaged over the runs of each method, k and runtime; whiskers: "
     "the sd over those runs (none for a single run).",
 }

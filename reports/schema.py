@@ -189,7 +189,7 @@ SURVIVAL = {  # Kaplan–Meier: the share of a method's runs not yet collapsed, 
     "staleness": "int",
     "step": "int",
     "surviving": "float",
-    "low": "float",  # 95 % pointwise log-log interval (exact on the effective number of runs, by seed)
+    "low": "float",  # 95 % pointwise: Clopper–Pearson on the effective number of runs, by seed
     "high": "float",
     "at_risk": "int",  # runs neither collapsed nor ended before this step
 }

@@ -759,7 +759,7 @@ def test_survival_interval_takes_the_seeds_correlation_from_the_runs_between_ind
     by seed 50² + 50² = 5,000, so the design effect is 5,000 / 2,508 (below the cap of 2 runs a seed) and the effective
     sample size (1 − S) / (S · 1/4 · 5,000 / 2,508). At step 100 the design effect, 8/256 over 12/256, is floored at 1:
     4 runs, 3 standing, the binomial's exact interval; so where the seeds' runs collapse apart. No collapse: the runs
-    at risk over the most a seed has; every run collapsed (S = 0): the same, 0 standing."""
+    at risk over the most a seed has; every run collapsed (S = 0): the step before's, 0 standing."""
 
     def exact(standing, n):  # Clopper–Pearson with fractional counts
         low = stats.beta.ppf(0.025, standing, n - standing + 1) if standing > 0 else 0.0
@@ -785,9 +785,13 @@ def test_survival_interval_takes_the_seeds_correlation_from_the_runs_between_ind
     assert calm.loc[200, ["surviving", "low", "high"]].tolist() == pytest.approx([1.0, *exact(2, 2)], abs=1e-9)
     assert calm.loc[0, ["low", "high"]].tolist() == [1.0, 1.0]  # nothing has happened at step 0
 
+    # two runs collapse at steps 100 and 200: at 100, S = 1/2, Greenwood 1/(2·1), so 2 effective runs, 1 standing;
+    # at 200 none stands and the step before's 2 runs carry: the band narrows at the last collapse
     gone = [trial(f"g{s}", 4.0, 1.0, 32, s, 0.6, collapsed=True, collapse_step=100 * (s + 1)) for s in range(2)]
-    end = analysis.survival(frame(gone)).iloc[-1]
-    assert end["surviving"] == 0.0 and [end["low"], end["high"]] == pytest.approx(exact(0, 1), abs=1e-9)
+    steps = analysis.survival(frame(gone)).set_index("step")
+    assert steps.loc[100, ["low", "high"]].tolist() == pytest.approx(exact(1, 2), abs=1e-9)
+    assert steps.loc[200, ["surviving", "low", "high"]].tolist() == pytest.approx([0.0, *exact(0, 2)], abs=1e-9)
+    assert steps.loc[200, "high"] < steps.loc[100, "high"]
 
 
 def test_late_half_auc_is_the_mean_accuracy_over_the_second_half():
