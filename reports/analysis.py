@@ -521,7 +521,7 @@ def _effective_runs(times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, 
         return max(float((times >= step).sum()) / int(pd.Series(seeds).value_counts().max()), 1.0)
     at_risk, died = _risk_sets(times, censored, events)
     greenwood = float(np.sum(died / (at_risk * (at_risk - died))))
-    return (1.0 - surviving) / (surviving * greenwood * _design_effect(times, censored, seeds, events))
+    return (1.0 - surviving) / (surviving * greenwood * _design_effect(times, censored, seeds, events, at_risk, died))
 
 
 def _risk_sets(times: np.ndarray, censored: np.ndarray, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -531,14 +531,20 @@ def _risk_sets(times: np.ndarray, censored: np.ndarray, events: np.ndarray) -> t
     return at_risk, died
 
 
-def _design_effect(times: np.ndarray, censored: np.ndarray, seeds: np.ndarray, events: np.ndarray) -> float:
+def _design_effect(
+    times: np.ndarray,
+    censored: np.ndarray,
+    seeds: np.ndarray,
+    events: np.ndarray,
+    at_risk: np.ndarray,
+    died: np.ndarray,
+) -> float:
     """How much a seed's runs moving together widens Greenwood's variance: the seed-clustered (sandwich) variance of
     the cumulative hazard over the independent one — each run's influence Σ_e [collapsed at e − at risk at e · d_e /
     n_e] / n_e summed within its seed, then squared — floored at 1 (never narrower than for independent runs). By
     Cauchy–Schwarz it is at most the most runs a seed has (its runs perfectly correlated: each seed counts as one run);
     one run a seed: 1. No maintained Python library gives a cluster-robust Kaplan–Meier variance (lifelines and
-    statsmodels have none)."""
-    at_risk, died = _risk_sets(times, censored, events)
+    statsmodels have none). `at_risk` and `died`: `_risk_sets` at `events`."""
     collapsed_at = (times[:, None] == events[None, :]) & ~censored[:, None]  # [runs, events]
     influence = ((collapsed_at - (times[:, None] >= events[None, :]) * died / at_risk) / at_risk).sum(axis=1)
     clustered = pd.Series(influence).groupby(seeds).sum().pow(2).sum()
